@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Check the patch series without touching upstream/vllm's checkout:
+# every series entry exists, no patch file is left out of the series, each patch
+# carries a Subject, a Signed-off-by and the rebase trailers (Origin,
+# Upstream-Status, Forwarded), new Python files carry an SPDX header, and each
+# patch, applied in order on the base in a scratch worktree, passes ruff (check
+# and format) under the pinned tree's own config on the files it touches.
+source "$(dirname "$0")/lib.sh"
+
+[ -d "$TREE/.git" ] || die "$TREE is not fetched yet: run scripts/fetch_upstream.sh"
+ruff=$VENV/bin/ruff
+[ -x "$ruff" ] || die "ruff is not installed in $VENV: run scripts/install_vllm.sh"
+
+errors=()
+mapfile -t entries < <(series_entries)
+for p in "${entries[@]}"; do
+    [ -f "$PATCHES/$p" ] || errors+=("$p: named in series but missing")
+done
+for f in "$PATCHES"/*.patch; do
+    [ -e "$f" ] || continue
+    printf '%s\n' "${entries[@]}" | grep -qxF "$(basename "$f")" ||
+        errors+=("$(basename "$f"): not listed in series (orphan)")
+done
+[ "$(printf '%s\n' "${entries[@]}" | sort | uniq -d)" = "" ] || errors+=("series lists a patch twice")
+
+for p in "${entries[@]}"; do
+    f=$PATCHES/$p
+    [ -f "$f" ] || continue
+    grep -q '^Subject: ..*' "$f" || errors+=("$p: no Subject")
+    # Trailers live in the message, before the first diff.
+    msg=$(sed '/^---$/q' "$f")
+    for trailer in Signed-off-by Origin Upstream-Status Forwarded; do
+        grep -q "^$trailer: ..*" <<<"$msg" || errors+=("$p: no $trailer: trailer")
+    done
+done
+
+if [ ${#errors[@]} -eq 0 ] && [ ${#entries[@]} -gt 0 ]; then
+    wt=$(mktemp -d)/tree
+    trap 'tgit worktree remove --force "$wt" >/dev/null 2>&1 || true; rm -rf "$(dirname "$wt")"' EXIT
+    tgit worktree add -q --detach "$wt" "$BASE_TAG"
+    for p in "${entries[@]}"; do
+        if ! out=$(git -C "$wt" am --committer-date-is-author-date "$PATCHES/$p" 2>&1); then
+            errors+=("$p: does not apply in order: $(grep -E '^error' <<<"$out" | head -n 3)")
+            break
+        fi
+        mapfile -t added < <(git -C "$wt" diff-tree -r --no-commit-id --name-only --diff-filter=A HEAD -- '*.py')
+        for py in "${added[@]}"; do
+            head -n 3 "$wt/$py" | grep -q 'SPDX-License-Identifier' || errors+=("$p: new file $py has no SPDX header")
+        done
+        mapfile -t pys < <(git -C "$wt" diff-tree -r --no-commit-id --name-only --diff-filter=ACMR HEAD -- '*.py')
+        [ ${#pys[@]} -gt 0 ] || continue
+        if ! out=$(cd "$wt" && "$ruff" check --no-cache --quiet "${pys[@]}" 2>&1); then
+            errors+=("$p: ruff check:"$'\n'"$out")
+        fi
+        if ! out=$(cd "$wt" && "$ruff" format --no-cache --check --quiet "${pys[@]}" 2>&1); then
+            errors+=("$p: ruff format:"$'\n'"$out")
+        fi
+    done
+fi
+
+if [ ${#errors[@]} -gt 0 ]; then
+    printf 'series check: %s\n' "${errors[@]}" >&2
+    exit 1
+fi
+log "series check: ${#entries[@]} patches OK (entries, trailers, apply in order, ruff)"
