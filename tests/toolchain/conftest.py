@@ -63,7 +63,15 @@ def clone(tmp_path, base_tree):
     def make(name: str = "vllm") -> Path:
         dst = tmp_path / name
         subprocess.run(
-            ["git", "clone", "-q", "--branch", LOCK["BASE_TAG"], str(base_tree), str(dst)],
+            [
+                "git",
+                "clone",
+                "-q",
+                "--branch",
+                LOCK["BASE_TAG"],
+                str(base_tree),
+                str(dst),
+            ],
             check=True,
             capture_output=True,
         )
@@ -79,7 +87,9 @@ def scripts(tmp_path, clone) -> Scripts:
     return Scripts(clone(), patches)
 
 
-def commit(tree: Path, path: str, text: str, subject: str, trailers: bool = True) -> None:
+def commit(
+    tree: Path, path: str, text: str, subject: str, trailers: bool = True
+) -> None:
     """Append text to a file in tree and commit it with a series-style message."""
     target = tree / path
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -95,5 +105,14 @@ def commit(tree: Path, path: str, text: str, subject: str, trailers: bool = True
             "Forwarded: no",
             "Signed-off-by: Test <test@example.invalid>",
         ]
-    git(tree, "-c", "user.name=Test", "-c", "user.email=test@example.invalid",
-        "commit", "-q", "-m", "\n".join(body))
+    git(
+        tree,
+        "-c",
+        "user.name=Test",
+        "-c",
+        "user.email=test@example.invalid",
+        "commit",
+        "-q",
+        "-m",
+        "\n".join(body),
+    )

@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A store-then-lookup simulation over the real OffloadingConnectorScheduler.
+
+Request A runs to completion and its chunks are stored into an in-memory set;
+then the GPU prefix cache is reset and request B is looked up against that set.
+The offloading manager is vLLM's test mock, answering from the set."""
+
+import torch
+
+from tests.v1.kv_connector.unit.offloading_connector.utils import (
+    MockLoadStoreSpec,
+    RequestRunner,
+    generate_store_output,
+)
+from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey
+
+
+def full(block_size: int) -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+
+
+def swa(block_size: int, window: int) -> SlidingWindowSpec:
+    return SlidingWindowSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        sliding_window=window,
+    )
+
+
+def groups(*specs, eagle: tuple[int, ...] = ()) -> list[KVCacheGroupSpec]:
+    return [
+        KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=i in eagle)
+        for i, spec in enumerate(specs)
+    ]
+
+
+class OffloadSim:
+    def __init__(
+        self,
+        kv_cache_groups: list[KVCacheGroupSpec],
+        retention: int | None,
+        offload_prompt_only: bool = True,
+    ):
+        block_size = min(g.kv_cache_spec.block_size for g in kv_cache_groups)
+        self.runner = RequestRunner(
+            block_size=block_size,
+            num_gpu_blocks=2000,
+            async_scheduling=False,
+            kv_cache_groups=kv_cache_groups,
+            extra_config_overrides={"offload_prompt_only": offload_prompt_only},
+            prefix_cache_retention_interval=retention,
+        )
+        self.stored: set[OffloadKey] = set()
+        self.looked_up_hits: set[OffloadKey] = set()
+        self.hits: list[int | None] = []
+        manager = self.runner.manager
+        manager.prepare_store.side_effect = self._prepare_store
+        manager.prepare_load.side_effect = lambda keys, ctx: MockLoadStoreSpec(keys)
+        manager.lookup.side_effect = self._lookup
+        connector = self.runner.connector_scheduler
+        matched = connector.get_num_new_matched_tokens
+
+        def record_hit(request, num_computed_tokens):
+            result = matched(request, num_computed_tokens)
+            self.hits.append(result[0])
+            return result
+
+        connector.get_num_new_matched_tokens = record_hit
+
+    def _prepare_store(self, keys, req_context):
+        keys = list(keys)
+        self.stored.update(keys)
+        return generate_store_output(keys)
+
+    def _lookup(self, key, req_context):
+        if key in self.stored:
+            self.looked_up_hits.add(key)
+            return LookupResult.HIT
+        return LookupResult.MISS
+
+    def run(self, token_ids: list[int], kv_transfer_params: dict | None = None) -> int:
+        """Run one request to its end; return its external hit tokens."""
+        self.hits.clear()
+        self.runner.new_request(
+            token_ids=token_ids, kv_transfer_params=kv_transfer_params
+        )
+        self.runner._run(decoded_tokens=[EOS_TOKEN_ID], complete_transfers=True)
+        assert self.hits, "the connector was never asked for matched tokens"
+        return self.hits[0] or 0
+
+    def replay_hit(self, token_ids: list[int]) -> int:
+        """External hit of a new request after the GPU prefix cache is reset."""
+        self.runner.scheduler.reset_prefix_cache()
+        return self.run(token_ids)
