@@ -67,7 +67,7 @@ back_to_base() {
 echo pending >"$state"
 back_to_base
 for p in "${entries[@]}"; do
-    if ! out=$(tgit am --committer-date-is-author-date "$PATCHES/$p" 2>&1); then
+    if ! out=$(tgit am --keep-non-patch --committer-date-is-author-date "$PATCHES/$p" 2>&1); then
         back_to_base
         rm -f "$state"
         printf '%s\n' "$out" | grep -E '^(error|Patch failed|fatal)' >&2 || printf '%s\n' "$out" >&2

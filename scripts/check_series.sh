@@ -39,7 +39,7 @@ if [ ${#errors[@]} -eq 0 ] && [ ${#entries[@]} -gt 0 ]; then
     trap 'tgit worktree remove --force "$wt" >/dev/null 2>&1 || true; rm -rf "$(dirname "$wt")"' EXIT
     tgit worktree add -q --detach "$wt" "$BASE_TAG"
     for p in "${entries[@]}"; do
-        if ! out=$(git -C "$wt" am --committer-date-is-author-date "$PATCHES/$p" 2>&1); then
+        if ! out=$(git -C "$wt" am --keep-non-patch --committer-date-is-author-date "$PATCHES/$p" 2>&1); then
             errors+=("$p: does not apply in order: $(grep -E '^error' <<<"$out" | head -n 3)")
             break
         fi

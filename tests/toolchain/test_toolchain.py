@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Behaviour of the fetch / apply / refresh / check scripts."""
 
+import email
 import filecmp
 import os
 import re
@@ -21,9 +22,9 @@ def series_names(patches) -> list[str]:
 def subjects(patches) -> list[str]:
     out = []
     for name in series_names(patches):
-        text = (patches / name).read_text()
-        subject = re.search(r"^Subject: (?:\[PATCH\] )?(.*)$", text, re.M).group(1)
-        out.append(subject)
+        header = email.message_from_string((patches / name).read_text())
+        subject = " ".join(str(header["Subject"]).split())  # unfold
+        out.append(subject.removeprefix("[PATCH] "))
     return out
 
 
