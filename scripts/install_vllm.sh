@@ -31,8 +31,8 @@ else
 fi
 
 # 2. The tree itself, editable. Only setup.py, pyproject.toml or the wheel
-# change what this step produces.
-want=$(cat "$TREE/setup.py" "$TREE/pyproject.toml" "$wheel" | sha256sum | cut -d' ' -f1)
+# change what this step produces (the wheel by its pinned, verified sha256).
+want=$({ cat "$TREE/setup.py" "$TREE/pyproject.toml"; wheel_sha; } | sha256sum | cut -d' ' -f1)
 stamp=$VENV/.fork-vllm-stamp
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$TREE/vllm/_C_AVX2.abi3.so" ]; then
     log "install: editable vLLM up to date"
