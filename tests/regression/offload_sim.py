@@ -5,6 +5,9 @@ Request A runs to completion and its chunks are stored into an in-memory set;
 then the GPU prefix cache is reset and request B is looked up against that set.
 The offloading manager is vLLM's test mock, answering from the set."""
 
+from contextlib import nullcontext
+from unittest import mock
+
 import torch
 
 from tests.v1.kv_connector.unit.offloading_connector.utils import (
@@ -44,22 +47,42 @@ def groups(*specs, eagle: tuple[int, ...] = ()) -> list[KVCacheGroupSpec]:
     ]
 
 
+# Retention setting of the reference that stores every chunk (no mask at all).
+EVERY_CHUNK = "every-chunk"
+_MASK = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler."
+    "reachable_chunk_mask"
+)
+_SAFETENSORS_METADATA = "vllm.transformers_utils.config.try_get_safetensors_metadata"
+
+
 class OffloadSim:
+    """``retention``: None / 0 / k as the engine setting, or EVERY_CHUNK for a
+    reference whose stores skip nothing."""
+
     def __init__(
         self,
         kv_cache_groups: list[KVCacheGroupSpec],
-        retention: int | None,
+        retention: int | None | str,
         offload_prompt_only: bool = True,
+        blocks_per_chunk: int = 1,
     ):
+        self.every_chunk = retention == EVERY_CHUNK
+        if self.every_chunk:
+            retention = None
         block_size = min(g.kv_cache_spec.block_size for g in kv_cache_groups)
-        self.runner = RequestRunner(
-            block_size=block_size,
-            num_gpu_blocks=2000,
-            async_scheduling=False,
-            kv_cache_groups=kv_cache_groups,
-            extra_config_overrides={"offload_prompt_only": offload_prompt_only},
-            prefix_cache_retention_interval=retention,
-        )
+        # Offline, the hub client retries the weights metadata with a sleep
+        # before giving up; its answer (none) is known here.
+        with mock.patch(_SAFETENSORS_METADATA, return_value=None):
+            self.runner = RequestRunner(
+                block_size=block_size,
+                blocks_per_chunk=blocks_per_chunk,
+                num_gpu_blocks=2000,
+                async_scheduling=False,
+                kv_cache_groups=kv_cache_groups,
+                extra_config_overrides={"offload_prompt_only": offload_prompt_only},
+                prefix_cache_retention_interval=retention,
+            )
         self.stored: set[OffloadKey] = set()
         self.looked_up_hits: set[OffloadKey] = set()
         self.hits: list[int | None] = []
@@ -94,7 +117,9 @@ class OffloadSim:
         self.runner.new_request(
             token_ids=token_ids, kv_transfer_params=kv_transfer_params
         )
-        self.runner._run(decoded_tokens=[EOS_TOKEN_ID], complete_transfers=True)
+        no_mask = mock.patch(_MASK, return_value=None)
+        with no_mask if self.every_chunk else nullcontext():
+            self.runner._run(decoded_tokens=[EOS_TOKEN_ID], complete_transfers=True)
         assert self.hits, "the connector was never asked for matched tokens"
         return self.hits[0] or 0
 
