@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command. In order: the toolchain tests, the build if needed
 # (scripts/apply_and_build.sh), the upstream suites from the patched tree
-# (tests/upstream_suites.txt minus tests/upstream_deselect.txt), and our
-# regression tests. Ends with one line "N passed, N failed".
+# (tests/upstream_suites.txt minus tests/upstream_deselect.txt), our
+# regression tests (incl. the store benchmark's --quick invariants) and the
+# end-to-end engine tests. Ends with one line "N passed, N failed".
 #
 #   scripts/test.sh          everything (what CI runs)
 #   scripts/test.sh --fast   without the end-to-end engine tests (marker e2e)
@@ -59,11 +60,11 @@ done <"$ROOT/tests/upstream_deselect.txt"
 mapfile -t suites < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$ROOT/tests/upstream_suites.txt")
 run_suite upstream "$TREE" "${suites[@]}" "${deselect[@]}"
 
-if [ -d "$ROOT/tests/regression" ]; then
-    markers=()
-    [ "$fast" = 0 ] || markers=(-m "not e2e")
-    run_suite regression "$ROOT" tests/regression "${markers[@]}"
-fi
+markers=()
+[ "$fast" = 0 ] || markers=(-m "not e2e")
+run_suite regression "$ROOT" tests/regression "${markers[@]}"
+# Real engines on the CPU platform with the host-copy offloading spec.
+[ "$fast" = 1 ] || run_suite e2e "$ROOT" tests/e2e
 
 log "== summary"
 "$PY" "$ROOT/scripts/summarize_tests.py" "${reports[@]}"

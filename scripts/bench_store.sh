@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Store-traffic benchmark (bench/): offload store bytes, the theoretical
+# minimum, replay hits and scheduler-hook cost of the fork against stock vLLM
+# 0.29.0, on four model geometries and two workloads. No GPU needed.
+#
+#   scripts/bench_store.sh           full run (< 15 min): writes bench/results/
+#   scripts/bench_store.sh --quick   CI check (< 2 min): exits 1 on a violated invariant
+#
+# Stock 0.29.0 is the pinned release with an empty series, built by the same
+# scripts into build/stock/vllm (idempotent) and imported through PYTHONPATH
+# with this venv: the scheduler side needs no compiled kernels.
+source "$(dirname "$0")/lib.sh"
+
+mode=()
+case "${1:-}" in
+--quick) mode=(--quick) ;;
+"") ;;
+*) die "usage: $0 [--quick]" ;;
+esac
+
+[ -x "$PY" ] || die "no virtual environment at $VENV: run scripts/apply_and_build.sh first"
+[ -f "$TREE/vllm/__init__.py" ] && [ -f "$VENV/.fork-vllm-stamp" ] ||
+    die "the fork is not built ($TREE): run scripts/apply_and_build.sh first"
+
+stock=$ROOT/build/stock
+mkdir -p "$stock/patches"
+[ -f "$stock/patches/series" ] || : >"$stock/patches/series"
+log "bench: stock vLLM $VLLM_VERSION (empty series) in $stock/vllm"
+FORK_PATCHES=$stock/patches FORK_TREE=$stock/vllm "$ROOT/scripts/fetch_upstream.sh"
+FORK_PATCHES=$stock/patches FORK_TREE=$stock/vllm "$ROOT/scripts/apply_series.sh"
+
+log "bench: running${mode:+ ${mode[*]}}"
+cd "$ROOT"
+exec "$PY" -m bench.run --stock-tree "$stock/vllm" --fork-tree "$TREE" "${mode[@]}"
