@@ -1,0 +1,304 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vllm serve` smoke: the OpenAI-compatible server on 127.0.0.1 with the tiny
+Gemma-3 hybrid and the OffloadingConnector configured by --kv-transfer-config
+JSON (the host-copy spec found through PYTHONPATH), engine core in its own
+process as users run it.
+
+The server runs with VLLM_PREFIX_CACHE_RETENTION_INTERVAL=512 and no
+--prefix-cache-retention-interval flag: the series makes the engine use it."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.engine_utils import (
+    LOAD_BYTES,
+    SKIPPED_BYTES,
+    STORE_BYTES,
+    kv_transfer_config,
+    predicted_store,
+    prompt,
+)
+from e2e.tiny_models import BLOCK_SIZE
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+ENV_INTERVAL = 512
+PROMPT = prompt(1100, seed=1)
+HIT = (len(PROMPT) - 1) // BLOCK_SIZE * BLOCK_SIZE
+STARTUP_TIMEOUT = 150
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(model_path: str, port: int, *extra: str) -> list[str]:
+    vllm_cli = Path(sys.executable).parent / "vllm"
+    launcher = (
+        [str(vllm_cli)]
+        if vllm_cli.exists()
+        else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    )
+    return [
+        *launcher,
+        "serve",
+        model_path,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--served-model-name", "tiny",
+        "--dtype", "float32",
+        "--block-size", str(BLOCK_SIZE),
+        "--max-model-len", "2048",
+        "--kv-cache-memory-bytes", str(64 << 20),
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--kv-transfer-config", json.dumps(kv_transfer_config()),
+        *extra,
+    ]  # fmt: skip
+
+
+def serve_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    # Run the engine core in its own process, as `vllm serve` users do.
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env.pop("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")])
+    )
+    env.update(extra)
+    return env
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    alive = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return alive
+
+
+def wait_group_empty(pgid: int, timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while (alive := group_processes(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def stop_group(proc: subprocess.Popen) -> list[psutil.Process]:
+    """SIGTERM the server's process group (start_new_session: it leads its
+    own); returns what was still running 30 s later, then SIGKILLs that."""
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    survivors = wait_group_empty(pgid, 30)
+    if survivors:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wait_group_empty(pgid, 10)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    return survivors
+
+
+def read_log(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_bad_interval_stops_serve_cleanly(gemma_hybrid, tmp_path):
+    """--prefix-cache-retention-interval 48 (not a multiple of the 32-token
+    chunk): the server exits non-zero with the series' message and leaves no
+    process behind (API server, engine core, workers)."""
+    log_path = tmp_path / "serve-bad.log"
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            serve_command(
+                gemma_hybrid.path, port, "--prefix-cache-retention-interval", "48"
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=serve_env(),
+            start_new_session=True,
+        )
+    try:
+        rc = proc.wait(timeout=STARTUP_TIMEOUT)
+        # The server has exited on its own: its engine core and workers must
+        # follow within a few seconds, without being signalled.
+        left = wait_group_empty(proc.pid, 10)
+    except subprocess.TimeoutExpired:
+        rc, left = None, []
+    finally:
+        stop_group(proc)
+    out = read_log(log_path)
+    assert rc not in (None, 0), f"rc={rc}:\n{out[-4000:]}"
+    assert "--prefix-cache-retention-interval (48) must be a multiple" in out, out[
+        -4000:
+    ]
+    assert not left, f"left running after the server exited: {left}"
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.fixture(scope="module")
+def served(gemma_hybrid, tmp_path_factory):
+    """Start the server, send completion 1, reset the GPU prefix cache (dev
+    endpoint), send completion 2, scrape /metrics; stop the server (process
+    group) whatever happens."""
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = serve_env(
+        VLLM_SERVER_DEV_MODE="1",
+        VLLM_PREFIX_CACHE_RETENTION_INTERVAL=str(ENV_INTERVAL),
+    )
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            serve_command(gemma_hybrid.path, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(
+                    f"server exited ({proc.returncode}):\n{read_log(log_path)[-4000:]}"
+                )
+            try:
+                if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"not up in {STARTUP_TIMEOUT}s:\n{read_log(log_path)[-4000:]}"
+                )
+            time.sleep(1)
+
+        def complete():
+            resp = requests.post(
+                f"{base}/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": PROMPT,
+                    "max_tokens": 12,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "return_token_ids": True,
+                },
+                timeout=120,
+            )
+            resp.raise_for_status()
+            return resp.json()
+
+        first = complete()
+        reset = requests.post(f"{base}/reset_prefix_cache", timeout=30)
+        second = complete()
+        metrics_text = requests.get(f"{base}/metrics", timeout=30).text
+        yield {
+            "first": first,
+            "reset_status": reset.status_code,
+            "second": second,
+            "metrics": metrics_text,
+            "log": read_log(log_path),
+        }
+    finally:
+        left = stop_group(proc)
+        assert not left, f"still running 30 s after SIGTERM: {left}"
+
+
+def samples(metrics_text: str) -> tuple[dict[str, float], dict[str, list[dict]]]:
+    """Sample values summed over label sets, and the label sets per sample."""
+    values: dict[str, float] = defaultdict(float)
+    labels: dict[str, list[dict]] = defaultdict(list)
+    for family in text_string_to_metric_families(metrics_text):
+        for s in family.samples:
+            values[s.name] += s.value
+            labels[s.name].append(s.labels)
+    return dict(values), dict(labels)
+
+
+def engine_interval(labels) -> int | None:
+    (info,) = labels["vllm:cache_config_info"]
+    value = info["prefix_cache_retention_interval"]
+    return None if value == "None" else int(value)
+
+
+def cached_tokens(completion: dict) -> int:
+    details = completion["usage"].get("prompt_tokens_details") or {}
+    return details.get("cached_tokens") or 0
+
+
+def test_second_completion_is_cached_and_identical(served):
+    first, second = served["first"], served["second"]
+    assert served["reset_status"] == 200
+    assert first["usage"]["prompt_tokens"] == len(PROMPT)
+    assert cached_tokens(first) == 0
+    # After the reset the GPU prefix cache is empty: the offload tier serves it.
+    assert cached_tokens(second) == HIT
+    tokens = [c["token_ids"] for c in (first["choices"][0], second["choices"][0])]
+    assert len(tokens[0]) == 12
+    assert tokens[0] == tokens[1]
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+
+
+def test_metrics_show_offload_store_and_load(served, gemma_hybrid):
+    values, labels = samples(served["metrics"])
+    interval = engine_interval(labels)
+    stored, _ = predicted_store_for(gemma_hybrid, interval)
+    assert values[f"{STORE_BYTES}_total"] == stored
+    # The hit: every full-attention block, the sliding window's last block.
+    page = gemma_hybrid.attn_page_bytes()
+    assert values[f"{LOAD_BYTES}_total"] == (HIT // BLOCK_SIZE * 2 + 2) * page
+    assert values["vllm:external_prefix_cache_hits_total"] == HIT
+
+
+def predicted_store_for(model, interval):
+    return predicted_store(model, [PROMPT], interval, BLOCK_SIZE)
+
+
+def test_metrics_show_skipped_bytes(served, gemma_hybrid):
+    """Series metrics patch: the bytes retention kept out of the store."""
+    values, labels = samples(served["metrics"])
+    name = f"{SKIPPED_BYTES}_total"
+    assert name in values, sorted(k for k in values if "offload" in k)
+    dense, _ = predicted_store_for(gemma_hybrid, None)
+    assert values[name] == dense - values[f"{STORE_BYTES}_total"]
+    assert values[name] > 0
+
+
+def test_env_interval_used_when_flag_absent(served, gemma_hybrid):
+    """Series env-var patch: `vllm serve` honours the deprecated env var when
+    --prefix-cache-retention-interval is absent (0.29.0 runs with 0)."""
+    values, labels = samples(served["metrics"])
+    assert engine_interval(labels) == ENV_INTERVAL
+    stored, _ = predicted_store_for(gemma_hybrid, ENV_INTERVAL)
+    assert values[f"{STORE_BYTES}_total"] == stored
+    assert (
+        "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in served["log"]
+    )  # deprecation warning
