@@ -18,14 +18,14 @@ blocks_per_chunk``. Each group's ref copies its un-padded page size
 (``ref.page_size_bytes``) per block, and a transfer reports that many bytes, as
 the stock worker does.
 
-Load it with::
+Load it with (``tests/`` on ``PYTHONPATH``)::
 
     kv_transfer_config = {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
             "spec_name": "HostCopyOffloadingSpec",
-            "spec_module_path": "tests.e2e.host_offload",
+            "spec_module_path": "e2e.host_offload",
             "cpu_bytes_to_use": 1 << 28,
         },
     }
