@@ -4,7 +4,12 @@ OffloadingConnector and the host-copy spec (e2e.host_offload).
 
 Every test collected under this directory gets the ``e2e`` marker, so
 ``-m "not e2e"`` (scripts/test.sh --fast) leaves them out. The environment
-the in-process engines need is set here, before anything imports vLLM."""
+the in-process engines need is set here, before anything imports vLLM.
+
+Results must not depend on the x86 CPU model: to check a change on an
+AVX-512 machine as an AVX2-only machine runs it, put tests/e2e/isa_avx2 on
+PYTHONPATH (see its sitecustomize.py). The JUnit report's testsuite
+properties say which kernels a run used."""
 
 import os
 import sys
@@ -37,9 +42,10 @@ def pytest_configure(config):
     )
 
 
-# Each E2E test must finish within 3 minutes here (setup included: the first
-# test that needs an engine run or the server pays for it).
-TEST_TIMEOUT_S = 180
+# A hang guard, not a speed requirement: the slowest test (setup included:
+# the first that needs an engine run or the server pays for it) took about
+# 30 s here (2 cores); an older or busier CPU may take several times that.
+TEST_TIMEOUT_S = 600
 
 
 def pytest_collection_modifyitems(config, items):
@@ -47,6 +53,28 @@ def pytest_collection_modifyitems(config, items):
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_isa(record_testsuite_property):
+    """Record the ISA the run exercised: ATen's CPU capability, the vLLM
+    kernel library loaded (vllm._C on AVX-512 + BF16, _C_AVX2 capped) and
+    whether tests/e2e/isa_avx2 capped it."""
+    import torch
+    from vllm.platforms import current_platform
+
+    from e2e.engine_utils import kernel_libraries
+
+    current_platform.import_kernels()
+    info = {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "vllm_kernels": ",".join(kernel_libraries()),
+        "isa_cap": os.environ.get("E2E_CPU_ISA_CAP", "none"),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"),
+    }
+    for name, value in info.items():
+        record_testsuite_property(name, value)
+    return info
 
 
 @pytest.fixture(scope="session")

@@ -151,7 +151,7 @@ def granite_hybrid(root: Path, seed: int = 2) -> TinyModel:
     path = _save(model, root / "granite-hybrid")
     # Mamba2 state per layer: conv state (d_conv - 1) x (inner + 2 * groups *
     # d_state) in the model dtype (bf16), SSM state heads x d_head x d_state
-    # in float32 (vLLM's CPU platform forces an fp32 SSM cache).
+    # in float32 (mamba_ssm_cache_dtype below).
     conv_dim = 2 * 128 + 2 * 1 * MAMBA_D_STATE
     state = (
         MAMBA_D_CONV - 1
@@ -162,13 +162,19 @@ def granite_hybrid(root: Path, seed: int = 2) -> TinyModel:
         swa_layers=0,
         mamba_layers=2,
         engine_kwargs={
-            # The CPU causal_conv1d kernel has no float32 version.
+            # vLLM's C++ causal_conv1d kernel, used on CPUs with AVX-512
+            # BF16, has no float32 version (AVX2 CPUs take a path that has):
+            # bf16 everywhere, so outputs are compared like for like only.
             "dtype": "bfloat16",
             # "all" fails in the CPU causal_conv1d kernel; with "align" a
             # state is kept at the end of each prefill step, so prefill in
             # steps of MAMBA_STEP_TOKENS to have states to retain or drop.
             "mamba_cache_mode": "align",
             "max_num_batched_tokens": MAMBA_STEP_TOKENS,
+            # vLLM's CPU platform forces a float32 SSM cache only on CPUs with
+            # AVX-512 BF16; elsewhere "auto" means bf16 and other state bytes.
+            # Fixed here so the byte predictions hold on every x86 CPU.
+            "mamba_ssm_cache_dtype": "float32",
         },
         kv_dtype_bytes=2,
         mamba_state_bytes=state,

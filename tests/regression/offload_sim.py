@@ -17,6 +17,7 @@ from tests.v1.kv_connector.unit.offloading_connector.utils import (
 )
 from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
 from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheGroupSpec,
     SlidingWindowSpec,
@@ -37,6 +38,16 @@ def swa(block_size: int, window: int) -> SlidingWindowSpec:
         head_size=1,
         dtype=torch.float32,
         sliding_window=window,
+    )
+
+
+def chunked_local(block_size: int, chunk: int) -> ChunkedLocalAttentionSpec:
+    return ChunkedLocalAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        attention_chunk_size=chunk,
     )
 
 
@@ -66,6 +77,7 @@ class OffloadSim:
         retention: int | None | str,
         offload_prompt_only: bool = True,
         blocks_per_chunk: int = 1,
+        async_scheduling: bool = False,
     ):
         self.every_chunk = retention == EVERY_CHUNK
         if self.every_chunk:
@@ -78,7 +90,7 @@ class OffloadSim:
                 block_size=block_size,
                 blocks_per_chunk=blocks_per_chunk,
                 num_gpu_blocks=2000,
-                async_scheduling=False,
+                async_scheduling=async_scheduling,
                 kv_cache_groups=kv_cache_groups,
                 extra_config_overrides={"offload_prompt_only": offload_prompt_only},
                 prefix_cache_retention_interval=retention,
@@ -127,3 +139,9 @@ class OffloadSim:
         """External hit of a new request after the GPU prefix cache is reset."""
         self.runner.scheduler.reset_prefix_cache()
         return self.run(token_ids)
+
+    def probe_hit(self, token_ids: list[int], stored: set[OffloadKey]) -> int:
+        """replay_hit against exactly ``stored`` (e.g. what one request
+        stored): the probe's own stores do not reach later probes."""
+        self.stored = set(stored)
+        return self.replay_hit(token_ids)

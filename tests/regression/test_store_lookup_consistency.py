@@ -8,7 +8,7 @@
     hits."""
 
 import pytest
-from offload_sim import EVERY_CHUNK, OffloadSim, full, groups, swa
+from offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, groups, swa
 
 from vllm.v1.kv_offload.base import get_offload_group_idx as group_of
 
@@ -29,21 +29,24 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 
 def retained_boundaries(num_prompt: int, align: int, retention: int) -> list[int]:
-    """Hit boundaries a later request can reuse: the replay boundary and,
-    for a positive interval, each segment end below it."""
+    """Hit boundaries a later request can reuse: the replay boundary (also
+    the GPU prefix cache's) and, for a positive interval, each segment end
+    below it."""
     replay = (num_prompt - 1) // align * align
     segments = range(retention, replay, retention) if retention else []
     return sorted({replay, *segments} - {0})
 
 
 def hits_at(sim: OffloadSim, tokens: list[int], boundaries: list[int]) -> dict:
+    """Hits of requests sharing each segment boundary, sharing all but the
+    last prompt token (they reuse the GPU prefix cache's replay boundary),
+    and of the replay itself."""
+    stored = set(sim.stored)
     out = {}
-    for b in boundaries:
-        if b == boundaries[-1]:
-            request = tokens  # the replay itself
-        else:
-            request = tokens[:b] + prompt(40, seed=b)  # diverges after b
-        out[b] = sim.replay_hit(request)
+    for b in [*boundaries[:-1], len(tokens) - 1]:
+        request = tokens[:b] + prompt(40, seed=b)  # diverges after b
+        out[b] = sim.probe_hit(request, stored)
+    out["replay"] = sim.probe_hit(tokens, stored)
     return out
 
 
@@ -102,9 +105,13 @@ def test_max_offload_tokens_cap_is_a_boundary(retention):
         # MTP draft layer in the sliding-window group: the lookup matches the
         # window (2 chunks) before the hit plus one peek chunk after it, and
         # the hit need not sit on the full-attention alignment: 60 tokens.
-        ((1,), 60, 3),
-        # Every group drafts: the full-attention peek caps the hit at 48.
-        ((0, 1), 48, 3),
+        # Interval 0 keeps the chunks of the hits 60 (the replay), 48 and 44
+        # (the GPU prefix cache's replay boundary 48, shared with and without
+        # the peek): chunks 9..15.
+        ((1,), 60, 7),
+        # Every group drafts: the full-attention peek caps the hit at 48; the
+        # boundary 48 shared exactly hits 32: chunks 6..8 and 10..12.
+        ((0, 1), 48, 6),
     ],
 )
 @pytest.mark.parametrize("retention", [None, 0, 32])
@@ -123,5 +130,80 @@ def test_eagle_replay_keeps_the_peek_chunk(eagle, replay_hit, stored_swa, retent
     assert hits["sparse"] == hits["every"] == replay_hit
     assert len(stored["every"]) == 16
     if retention == 0:
-        # Only the replay tail: window + peek chunks.
+        # Only the tails of the replay and the GPU replay boundary.
         assert len(stored["sparse"]) == stored_swa
+
+
+def shared_prefix_hits(make_groups, setting, tokens, shares) -> tuple[list, set]:
+    """Store ``tokens``; hits of requests sharing each of ``shares`` tokens
+    (then diverging), each against exactly what ``tokens`` stored."""
+    sim = OffloadSim(make_groups(), setting)
+    sim.run(tokens)
+    stored = set(sim.stored)
+    return [
+        sim.probe_hit(tokens[:s] + prompt(40, seed=1000 + s), stored) for s in shares
+    ], stored
+
+
+@pytest.mark.parametrize(
+    ("make_groups", "num_prompt", "shares", "want"),
+    [
+        # EAGLE on the sliding-window group: a request sharing exactly a
+        # 16-token boundary cannot match the chunk past it and falls back one
+        # chunk (0.29.0 stock hits the same; the fork before this fix hit 0,
+        # 16, ..., 80).
+        (
+            lambda: groups(full(16), swa(4, 8), eagle=(1,)),
+            101,
+            [16, 32, 48, 64, 80, 96],
+            [12, 28, 44, 60, 76, 92],
+        ),
+        # Full attention 32 + sliding window 17 / block 8 (was 0 and 0).
+        (lambda: groups(full(32), swa(8, 17), eagle=(1,)), 101, [32, 36], [24, 24]),
+        # Three groups, EAGLE on the last.
+        (
+            lambda: groups(full(16), swa(8, 16), swa(4, 8), eagle=(2,)),
+            101,
+            [16, 32, 48, 64, 80, 96],
+            [12, 28, 44, 60, 76, 92],
+        ),
+    ],
+)
+def test_none_hits_as_every_chunk_with_eagle(make_groups, num_prompt, shares, want):
+    """Retention None promises every prefix the hit of storing every chunk
+    (and so never less than stock)."""
+    tokens = prompt(num_prompt)
+    every, _ = shared_prefix_hits(make_groups, EVERY_CHUNK, tokens, shares)
+    dense, _ = shared_prefix_hits(make_groups, None, tokens, shares)
+    assert every == want
+    assert dense == want
+
+
+@pytest.mark.parametrize("num_prompt", [64, 96, 112, 128, 256, 512])
+@pytest.mark.parametrize("retention", [0, 32])
+def test_gpu_replay_boundary_is_kept(num_prompt, retention):
+    """A request sharing P - 1 tokens of a prompt whose length P is a multiple
+    of the full-attention chunk reuses the GPU prefix cache's replay boundary
+    P - 16: the offload tier must serve it too (it hit 0 at interval 0)."""
+    make = lambda: groups(full(16), swa(4, 8))  # noqa: E731
+    tokens = prompt(num_prompt)
+    shares = [num_prompt - 1]
+    every, _ = shared_prefix_hits(make, EVERY_CHUNK, tokens, shares)
+    sparse, stored = shared_prefix_hits(make, retention, tokens, shares)
+    assert every == sparse == [num_prompt - 16]
+    # The price: one window (2 chunks) beyond the replay's own tail.
+    if retention == 0:
+        assert len({k for k in stored if group_of(k) == 1}) == 4
+
+
+@pytest.mark.parametrize("retention", [None, 0, 32])
+def test_chunked_local_attention_stays_dense(retention):
+    """vLLM caches chunked-local attention (Llama 4) densely whatever the
+    interval; so must the offload stores (interval 0 stored 20 of 32 keys and
+    requests sharing 50 / 36 tokens hit 0 / 0)."""
+    make = lambda: groups(full(4), chunked_local(4, 16))  # noqa: E731
+    tokens = prompt(64)
+    every, every_stored = shared_prefix_hits(make, EVERY_CHUNK, tokens, [50, 36])
+    hits, stored = shared_prefix_hits(make, retention, tokens, [50, 36])
+    assert every == hits == [48, 36]
+    assert stored == every_stored and len(stored) == 32

@@ -2,94 +2,168 @@
 """Property search over random geometries: sparse stores against a reference
 that stores every chunk, through the real OffloadingConnectorScheduler.
 
-(a) no lost hits: every request that reuses a retained boundary (the replay,
-    a request extending the prompt, each interval segment) gets the same
-    external hit as with every chunk stored;
-(b) no wasted stores: every stored sliding-window chunk is one of those
-    lookups' hits (with decode offloading, at most one tail per group).
+Request A is stored; then requests sharing its first s tokens (s on every
+chunk edge of any group: between edges the lookup's answer cannot change)
+are looked up against exactly what A stored. The reference answers the same
+probes with every chunk of A stored (no mask at all), so the oracle does not
+come from the code under test.
 
-A segment boundary b counts as reused by a request sharing b tokens plus the
-EAGLE peek (one chunk of the largest EAGLE group), as in the GPU prefix cache.
-Mamba groups cannot run here (vLLM's RequestRunner registers attention KV
-tensors only); the Mamba masks are covered by the series' unit tests."""
+(a) no lost hits:
+    - interval None: every probe hits exactly as the reference (and so never
+      less than stock 0.29.0, whose stores are a subset of every chunk);
+    - interval k >= 0: the replay hits as the reference, and a request
+      sharing s tokens hits at least what the reference gives at every
+      retained sharing length r <= s: the GPU prefix cache's replay boundary
+      floor((P - 1) / A) * A, P - 1, each multiple of k, each shared exactly
+      and with the EAGLE peek chunk (an EAGLE lookup that cannot match the
+      chunk past a boundary falls back one chunk);
+(b) no wasted stores: every stored sliding-window chunk serves one of those
+    required lookups (with decode offloading, at most one tail per group);
+(c) sparse stores are a subset of the reference's; full attention and
+    chunked-local attention (which vLLM caches densely) are untouched.
+
+Group kinds drawn: full attention, MLA, sliding window (also MLA), and
+chunked-local attention. Mamba groups cannot run here (vLLM's RequestRunner
+registers attention KV tensors only); the Mamba masks are covered by the
+series' unit tests and the E2E Granite model."""
 
 import os
 from collections import Counter
 from math import lcm
 
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from offload_sim import EVERY_CHUNK, OffloadSim, full, groups, swa
+from offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, groups, swa
 
 from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
+from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 from vllm.v1.kv_offload.base import get_offload_group_idx as group_of
+
+WINDOWED = ("swa", "swa_mla")  # the kinds sparse retention may thin
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
     return [(seed * 7919 + i) % 997 + 3 for i in range(n)]
 
 
+def make_spec(kind: str, block: int, arg: int | None):
+    common = dict(block_size=block, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    if kind == "full":
+        return full(block)
+    if kind == "mla":
+        return MLAAttentionSpec(**common)
+    if kind == "swa":
+        return swa(block, arg)
+    if kind == "swa_mla":
+        return SlidingWindowMLASpec(**common, sliding_window=arg)
+    assert kind == "chunked"
+    return chunked_local(block, arg)
+
+
 @st.composite
 def cases(draw):
-    blocks_per_chunk = draw(st.sampled_from([1, 1, 2]))
-    with_full = draw(st.booleans()) or blocks_per_chunk > 1
+    blocks_per_chunk = draw(st.sampled_from([1, 1, 2, 3]))
+    full_kind = draw(st.sampled_from([None, "full", "full", "mla"]))
     full_block = draw(st.sampled_from([8, 16]))
-    sizes = [full_block] if blocks_per_chunk > 1 else [4, 8, 16]
-    swa_specs = [
-        (draw(st.sampled_from(sizes)), draw(st.integers(1, 48)))
+    kinds = [
+        draw(st.sampled_from(["swa", "swa", "swa_mla", "chunked"]))
         for _ in range(draw(st.integers(1, 2)))
     ]
-    # (block_size, window or None for full attention), printed on failure
-    layout = ([(full_block, None)] if with_full else []) + swa_specs
+    # One block size for all groups where RequestRunner (blocks_per_chunk > 1)
+    # or vLLM (chunked-local attention) needs it.
+    uniform = blocks_per_chunk > 1 or "chunked" in kinds
+    sizes = [full_block] if uniform else [4, 8, 16]
+    layout = [(full_kind, full_block, None)] if full_kind else []
+    for kind in kinds:
+        block = draw(st.sampled_from(sizes))
+        if kind == "chunked":
+            arg = block * draw(st.integers(1, 4))
+        else:
+            arg = draw(st.integers(1, 48))
+        layout.append((kind, block, arg))
     eagle_mode = draw(st.sampled_from(["none", "none", "swa", "all"]))
+    if any(kind == "chunked" for kind, _, _ in layout):
+        eagle_mode = "none"  # vLLM rejects EAGLE with chunked-local attention
     eagle = {
         "none": (),
         "swa": (len(layout) - 1,),
         "all": tuple(range(len(layout))),
     }[eagle_mode]
-    chunks = [b * blocks_per_chunk for b, _ in layout]
-    align = chunks[0] if with_full else lcm(*chunks)
+    chunks = [block * blocks_per_chunk for _, block, _ in layout]
+    align = chunks[0] if full_kind else lcm(*chunks)
     retention = draw(st.sampled_from([None, 0, 1, 2]))
     if retention:
         retention *= lcm(align, *chunks)
+    windowed_eagle = [chunks[i] for i in eagle if layout[i][0] in WINDOWED]
     return dict(
         layout=layout,
         eagle=eagle,
         blocks_per_chunk=blocks_per_chunk,
+        chunks=chunks,
         align=align,
-        peek=max((chunks[i] for i in eagle), default=0),
+        peek=max(windowed_eagle, default=0),
         retention=retention,
         num_prompt=draw(st.integers(16, 150)),
         offload_prompt_only=draw(st.booleans()),
+        async_scheduling=draw(st.booleans()),
     )
 
 
-def reuse_requests(case) -> list[list[int]]:
+def stored_sequence(case) -> list[int]:
     tokens = prompt(case["num_prompt"])
-    stored = tokens if case["offload_prompt_only"] else tokens + [EOS_TOKEN_ID]
-    requests = [tokens, tokens + prompt(40, seed=1)]
-    segment = case["align"] if case["retention"] is None else case["retention"]
-    if segment:
-        for b in range(segment, len(stored) - case["peek"] + 1, segment):
-            shared = stored[: b + case["peek"]]
-            requests.append(shared + prompt(40, seed=2 + b))
-    return requests
+    return tokens if case["offload_prompt_only"] else tokens + [EOS_TOKEN_ID]
+
+
+def probe_lengths(case) -> list[int]:
+    """Every chunk edge of any group up to the stored sequence's end."""
+    end = len(stored_sequence(case))
+    edges = {e for c in case["chunks"] for e in range(c, end + 1, c)}
+    return sorted(edges | {case["num_prompt"] - 1, end})
+
+
+def required_lengths(case) -> set[int]:
+    """Sharing lengths whose reference hit the sparse stores must match."""
+    num_prompt, retention = case["num_prompt"], case["retention"]
+    end = len(stored_sequence(case))
+    if retention is None:
+        return set(probe_lengths(case))
+    boundaries = {(num_prompt - 1) // case["align"] * case["align"], num_prompt - 1}
+    if retention:
+        boundaries |= set(range(retention, end + 1, retention))
+    shared = {min(b + d, end) for b in boundaries for d in (0, case["peek"])}
+    # A later request extending the prompt.
+    return (shared | {num_prompt}) - {0}
+
+
+def probe(sim, stored, case, s: int) -> int:
+    request = stored_sequence(case)[:s] + prompt(40, seed=1000 + s)
+    return sim.probe_hit(request, stored)
 
 
 def simulate(case, retention):
     sim = OffloadSim(
         groups(
-            *(full(b) if w is None else swa(b, w) for b, w in case["layout"]),
+            *(make_spec(kind, b, arg) for kind, b, arg in case["layout"]),
             eagle=case["eagle"],
         ),
         retention,
         case["offload_prompt_only"],
         case["blocks_per_chunk"],
+        case["async_scheduling"],
     )
-    sim.run(prompt(case["num_prompt"]))
+    tokens = prompt(case["num_prompt"])
+    sim.run(tokens)
     stored = set(sim.stored)
-    hits = [sim.replay_hit(request) for request in reuse_requests(case)]
-    return sim, stored, hits
+    replay = sim.probe_hit(tokens, stored)
+    required = sorted(required_lengths(case))
+    hits = {s: probe(sim, stored, case, s) for s in required}
+    # Which of A's chunks the required lookups used, before any other probe.
+    used = sim.looked_up_hits & stored
+    for s in probe_lengths(case):
+        if s not in hits:
+            hits[s] = probe(sim, stored, case, s)
+    return stored, replay, hits, used
 
 
 @settings(
@@ -100,29 +174,32 @@ def simulate(case, retention):
 )
 @given(cases())
 def test_sparse_stores_match_every_chunk_stores(case):
-    _, every_stored, every_hits = simulate(case, EVERY_CHUNK)
-    sim, stored, hits = simulate(case, case["retention"])
-    # (a) no lost hits at any retained boundary.
-    assert hits == every_hits
-    # (b) every stored sliding-window chunk served one of those lookups. With
+    every_stored, every_replay, every_hits, _ = simulate(case, EVERY_CHUNK)
+    stored, replay, hits, used = simulate(case, case["retention"])
+    # (a) no lost hits.
+    assert replay == every_replay
+    if case["retention"] is None:
+        assert hits == every_hits
+    else:
+        required = sorted(required_lengths(case))
+        for s, hit in sorted(hits.items()):
+            floor = max((every_hits[r] for r in required if r <= s), default=0)
+            assert every_hits[s] >= hit >= floor, (s, hit, floor, every_hits[s])
+    # (b) every stored sliding-window chunk served a required lookup. With
     # decode tokens offloaded too (offload_prompt_only off) a store cannot
-    # know where the request will stop: at most the tail of one segment the
+    # know where the request will stop: at most the tail of one boundary the
     # request stopped short of may be stored per group.
-    full_groups = {i for i, (_, w) in enumerate(case["layout"]) if w is None}
-    unused = Counter(
-        group_of(k)
-        for k in stored - sim.looked_up_hits
-        if group_of(k) not in full_groups
-    )
+    windowed = {i for i, (kind, _, _) in enumerate(case["layout"]) if kind in WINDOWED}
+    unused = Counter(group_of(k) for k in stored - used if group_of(k) in windowed)
     if case["offload_prompt_only"]:
         assert not unused, f"stored sliding-window chunks never hit: {unused}"
     else:
         for group, count in unused.items():
-            block, window = case["layout"][group]
+            _, block, window = case["layout"][group]
             tail = -(-window // (block * case["blocks_per_chunk"])) + 1
             assert count <= tail, f"group {group}: {count} unused chunks"
-    # Sparse never stores more, and full attention is untouched.
+    # (c) sparse never stores more; dense kinds are untouched.
     assert stored <= every_stored
-    assert {k for k in stored if group_of(k) in full_groups} == {
-        k for k in every_stored if group_of(k) in full_groups
+    assert {k for k in stored if group_of(k) not in windowed} == {
+        k for k in every_stored if group_of(k) not in windowed
     }
