@@ -4,17 +4,23 @@
 first on ``sys.path`` (the fork or stock 0.29.0: the caller picks it).
 
 Per run: pass 1 submits the workload and records the chunks the connector
-stores (bytes = chunks x the group's bytes per chunk) and the time spent in
-the connector's scheduler hooks; pass 2 resets the GPU prefix cache before
-each request and replays every request (and a few probes) one at a time with
-the offload store of pass 1, recording the external hit tokens.
+stores (bytes = chunks x the group's bytes per chunk) and the CPU time the
+series can add on the scheduler side (the connector's hooks and the KV cache
+managers' ``reachable_block_mask``) per scheduled token; pass 2 resets the
+GPU prefix cache before each request and replays every request, and probes
+every aligned boundary of every stored sequence (prompt and output) one at a
+time against the offload store of pass 1, recording the external hit tokens.
+
+A run's ``tree`` is "stock", "fork" or "every": the fork with its store masks
+switched off, i.e. storing every complete chunk (the reference for hits).
 
     python -m bench.driver CONFIG.json OUT.jsonl   (one JSON line per run)
 
-CONFIG: {"runs": [{"geometry", "workload", "retention", "stock"}...],
-"quick": bool, "repeats": int}.
+CONFIG: {"runs": [{"geometry", "workload", "variant", "retention", "tree"}...],
+"quick": bool}.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -32,6 +38,20 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL_FIXTURE = ROOT / "tests" / "fixtures" / "hf" / "facebook--opt-125m"
 MAX_MODEL_LEN = 32768
 NUM_GPU_BLOCKS = 30000
+# Probes per run at most (aligned boundaries of every stored sequence, one
+# in every `stride` when there are more); quick runs probe fewer.
+MAX_PROBES = {False: 3000, True: 300}
+# Workload variants: how the engine is configured around the same requests.
+VARIANTS = {
+    "default": {},
+    # Decode tokens offloaded too (offload_prompt_only=false).
+    "decode": {"connector": {"offload_prompt_only": False}},
+    # A realistic batch budget: long prompts prefill in 2048-token chunks.
+    "batch2048": {"scheduler": {"max_num_batched_tokens": 2048}},
+    # Few GPU blocks (about 6 GSM8K-like requests on DeepSeek-V4): requests
+    # are preempted and recomputed.
+    "smallgpu": {"num_gpu_blocks": 3000, "max_model_len": 4096},
+}
 HOOKS = (
     "get_num_new_matched_tokens",
     "update_state_after_alloc",
@@ -45,11 +65,15 @@ def log(msg: str) -> None:
     print(f"[driver pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
+QUICK_SIZES = {
+    "gsm8k": {"num_prompts": 40},
+    "agentic": {"num_sessions": 4, "num_turns": 4},
+    "longdoc": {"num_docs": 2, "num_questions": 2},
+}
+
+
 def workload(name: str, quick: bool):
-    if quick:
-        return WORKLOADS[name](**({"num_prompts": 40} if name == "gsm8k" else
-                                  {"num_sessions": 4, "num_turns": 4}))  # fmt: skip
-    return WORKLOADS[name]()
+    return WORKLOADS[name](**(QUICK_SIZES[name] if quick else {}))
 
 
 # --- vLLM setup ----------------------------------------------------------------
@@ -90,7 +114,17 @@ def group_info(kv_cache_config, worker_config):
     return groups
 
 
-def build_scheduler(geometry_name: str, retention):
+def build_scheduler(
+    geometry_name: str,
+    retention,
+    connector_config: dict | None = None,
+    scheduler_overrides: dict | None = None,
+    num_gpu_blocks: int = NUM_GPU_BLOCKS,
+    max_model_len: int = MAX_MODEL_LEN,
+):
+    """``connector_config`` overrides the OffloadingConnector's extra config
+    (default: the recording spec); ``scheduler_overrides`` SchedulerConfig
+    fields (e.g. max_num_batched_tokens)."""
     import vllm
     from vllm.config import (
         CacheConfig,
@@ -116,8 +150,8 @@ def build_scheduler(geometry_name: str, retention):
     model_config = ModelConfig(
         model=str(MODEL_FIXTURE),
         skip_tokenizer_init=True,
-        max_model_len=MAX_MODEL_LEN,
-        hf_overrides={"max_position_embeddings": MAX_MODEL_LEN},
+        max_model_len=max_model_len,
+        hf_overrides={"max_position_embeddings": max_model_len},
     )
     cache_config = CacheConfig(
         block_size=geo.block_size,
@@ -128,22 +162,23 @@ def build_scheduler(geometry_name: str, retention):
     )
     cache_config.kv_cache_layout = geo.kv_cache_layout
     cache_config.prefix_cache_retention_interval = retention
-    cache_config.num_gpu_blocks_override = NUM_GPU_BLOCKS
+    cache_config.num_gpu_blocks_override = num_gpu_blocks
     scheduler_config = SchedulerConfig(
-        max_num_seqs=32,
-        max_num_batched_tokens=8192,
-        max_model_len=MAX_MODEL_LEN,
-        enable_chunked_prefill=True,
-        is_encoder_decoder=False,
-        disable_hybrid_kv_cache_manager=False,
+        **{
+            "max_num_seqs": 32,
+            "max_num_batched_tokens": 8192,
+            "max_model_len": max_model_len,
+            "enable_chunked_prefill": True,
+            "is_encoder_decoder": False,
+            "disable_hybrid_kv_cache_manager": False,
+            **(scheduler_overrides or {}),
+        }
     )
     kv_transfer_config = KVTransferConfig(
         kv_connector="OffloadingConnector",
         kv_role="kv_both",
-        kv_connector_extra_config={
-            "spec_name": "RecordingSpec",
-            "spec_module_path": "bench.recording",
-        },
+        kv_connector_extra_config=connector_config
+        or {"spec_name": "RecordingSpec", "spec_module_path": "bench.recording"},
     )
     vllm_config = VllmConfig(
         model_config=model_config,
@@ -172,12 +207,30 @@ def build_scheduler(geometry_name: str, retention):
     return vllm, vllm_config, scheduler, hasher, groups, geo
 
 
+# reachable_block_mask timing: the Sim being measured, and whether a timed
+# hook is running (then the hook's own timer counts the mask).
+_MASK_TIMING: dict = {"sim": None, "depth": 0, "wrapped": False}
+
+
+def _timed_mask(fn):
+    def timed(klass, *args, **kwargs):
+        if _MASK_TIMING["depth"]:
+            return fn(klass, *args, **kwargs)
+        t0 = time.thread_time_ns()
+        try:
+            return fn(klass, *args, **kwargs)
+        finally:
+            _MASK_TIMING["sim"].hook_ns += time.thread_time_ns() - t0
+
+    return timed
+
+
 class Sim:
     """The scheduler plus a fake model and an instant offloading worker."""
 
-    def __init__(self, geometry: str, retention):
+    def __init__(self, geometry: str, retention, **build_kwargs):
         (self.vllm, self.vllm_config, self.scheduler, self.hasher, self.groups,
-         self.geometry) = build_scheduler(geometry, retention)  # fmt: skip
+         self.geometry) = build_scheduler(geometry, retention, **build_kwargs)  # fmt: skip
         connector = self.scheduler.connector
         self.cs = connector.connector_scheduler
         self.manager = self.cs.manager
@@ -185,9 +238,19 @@ class Sim:
         self.first_hit: dict[str, int] = {}
         self.hook_ns = 0
         self.steps = 0
+        self.scheduled_tokens = 0
+        self.preemptions = 0
         self.next_id = 0
+        self._time_block_masks()
         for name in HOOKS:
             setattr(self.cs, name, self._timed(getattr(self.cs, name)))
+        preempt = self.scheduler._preempt_request
+
+        def count_preemption(*args, **kwargs):
+            self.preemptions += 1
+            return preempt(*args, **kwargs)
+
+        self.scheduler._preempt_request = count_preemption
         matched = self.cs.get_num_new_matched_tokens
 
         def record_hit(request, num_computed_tokens):
@@ -199,14 +262,39 @@ class Sim:
         self.cs.get_num_new_matched_tokens = record_hit
 
     def _timed(self, fn):
+        # CPU time of this thread: what the hooks cost, not what the rest of
+        # the machine was doing meanwhile.
         def timed(*args, **kwargs):
-            t0 = time.perf_counter_ns()
+            _MASK_TIMING["depth"] += 1
+            t0 = time.thread_time_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.hook_ns += time.perf_counter_ns() - t0
+                self.hook_ns += time.thread_time_ns() - t0
+                _MASK_TIMING["depth"] -= 1
 
         return timed
+
+    def _time_block_masks(self) -> None:
+        """Time the KV cache managers' reachable_block_mask too: the GPU
+        prefix cache calls it in schedule() (the series changes it), and so
+        does the fork's connector (counted once: inside a hook it is not
+        timed again). The classes are wrapped once per process."""
+        from vllm.v1.core.single_type_kv_cache_manager import (
+            SingleTypeKVCacheManager,
+        )
+
+        _MASK_TIMING["sim"] = self
+        if _MASK_TIMING["wrapped"]:
+            return
+        _MASK_TIMING["wrapped"] = True
+        todo = [SingleTypeKVCacheManager]
+        while todo:
+            cls = todo.pop()
+            todo += cls.__subclasses__()
+            if "reachable_block_mask" in vars(cls):
+                fn = vars(cls)["reachable_block_mask"].__func__
+                setattr(cls, "reachable_block_mask", classmethod(_timed_mask(fn)))
 
     def add(self, prompt: list[int], output: list[int]) -> str:
         from vllm import SamplingParams
@@ -236,6 +324,7 @@ class Sim:
 
         scheduler = self.scheduler
         out = scheduler.schedule()
+        self.scheduled_tokens += out.total_num_scheduled_tokens
         meta = out.kv_connector_metadata
         # The worker finishes every transfer within the step.
         completed = {job: 1 for job in chain(meta.load_jobs, meta.store_jobs)}
@@ -371,53 +460,85 @@ def minimum_bytes(requests, groups, retention) -> tuple[int, int]:
     return size(needed), size(everything)
 
 
-def probes(rounds, align: int, seed: int = 7):
-    """Requests sharing only a prefix with the workload: (prompt, boundary,
-    kind). 'junction': the shared system / few-shot prefix plus fresh tokens;
-    'k512': a prompt cut at each multiple of 512 plus fresh tokens."""
+def probes(rounds, align: int, max_probes: int, seed: int = 7):
+    """Requests sharing exactly one aligned prefix of a stored sequence, then
+    fresh tokens: every multiple of the alignment in every request's prompt +
+    output, each distinct prefix once (one in every `stride` when there are
+    more than max_probes; the prompts' replay boundaries always).
+    Returns [(prompt, boundary, is_replay_boundary)]."""
     import random
 
     rng = random.Random(seed)
+    seen: dict[int, tuple] = {}
+    for round_ in rounds:
+        for prompt, output in round_:
+            seq = prompt + output
+            replay = (len(prompt) - 1) // align * align
+            for i, pid in enumerate(prefix_ids(seq, align)):
+                b = (i + 1) * align
+                old = seen.get(pid)
+                seen[pid] = (seq, b, b == replay or (old is not None and old[2]))
+    items = list(seen.values())
+    stride = max(1, math.ceil(len(items) / max_probes))
+    kept = [x for i, x in enumerate(items) if i % stride == 0 or x[2]]
     fresh = lambda: [rng.randrange(100, 32000) for _ in range(40)]  # noqa: E731
-    first = [p for p, _ in rounds[0]]
-    shared = lcp(np.asarray(first[0]), np.asarray(first[1]))
-    out = [(first[0][:shared] + fresh(), shared // align * align, "junction")]
-    last = rounds[-1][0][0]
-    for b in range(512, len(last), 512):
-        out.append((last[:b] + fresh(), b // align * align, "k512"))
-    return out
+    return [(seq[:b] + fresh(), b, replay) for seq, b, replay in kept]
 
 
 # --- One run -------------------------------------------------------------------
 
 
 def run(spec: dict, quick: bool) -> dict:
+    from unittest import mock
+
     geometry, name, retention = spec["geometry"], spec["workload"], spec["retention"]
+    tree, variant = spec["tree"], VARIANTS[spec["variant"]]
     t0 = time.time()
+    connector = {
+        "spec_name": "RecordingSpec",
+        "spec_module_path": "bench.recording",
+        **variant.get("connector", {}),
+    }
     try:
-        # Stock 0.29.0's connector ignores the interval; its GPU prefix cache
-        # runs with the `vllm serve` default, 0 (CacheConfig).
-        sim = Sim(geometry, 0 if spec["stock"] else retention)
+        # Like for like: every tree's GPU prefix cache runs at the setting's
+        # retention (stock's connector ignores it, its GPU cache does not).
+        sim = Sim(
+            geometry,
+            retention,
+            connector_config=connector,
+            scheduler_overrides=variant.get("scheduler"),
+            num_gpu_blocks=variant.get("num_gpu_blocks", NUM_GPU_BLOCKS),
+            max_model_len=variant.get("max_model_len", MAX_MODEL_LEN),
+        )
     except (ValueError, AssertionError) as e:
         log(f"{geometry} {name} retention={retention}: rejected: {e}")
         return {**spec, "error": f"{type(e).__name__}: {e}"}
-    rounds = workload(name, quick)
-    for round_ in rounds:
-        for prompt, output in round_:
-            sim.add(prompt, output)
-        sim.drain()
-    store = sim.store_bytes()
-    hook_ns, steps = sim.hook_ns, sim.steps
-    prompts = [p for r in rounds for p, _ in r]
-    replay = [sim.replay_hit(p) for p in prompts]
-    probe_hits = [
-        {"boundary": b, "kind": kind, "hit": sim.replay_hit(p)}
-        for p, b, kind in probes(rounds, alignment(sim.groups))
-    ]
+    # The reference stores every complete chunk: the fork without its masks.
+    every = mock.patch(
+        "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler."
+        "reachable_chunk_mask",
+        return_value=None,
+    )
+    with every if tree == "every" else contextlib.nullcontext():
+        rounds = workload(name, quick)
+        for round_ in rounds:
+            for prompt, output in round_:
+                sim.add(prompt, output)
+            sim.drain()
+        store = sim.store_bytes()
+        hook_ns, steps, tokens = sim.hook_ns, sim.steps, sim.scheduled_tokens
+        prompts = [p for r in rounds for p, _ in r]
+        align = alignment(sim.groups)
+        # Hits are deterministic: a cost-only repetition skips them.
+        replay, probe_hits = [], []
+        if spec.get("probe", True):
+            replay = [sim.replay_hit(p) for p in prompts]
+            probe_hits = [
+                {"boundary": b, "replay": is_replay, "hit": sim.replay_hit(p)}
+                for p, b, is_replay in probes(rounds, align, MAX_PROBES[quick])
+            ]
     minimum, everything = minimum_bytes(
-        [r for round_ in rounds for r in round_],
-        sim.groups,
-        None if spec["stock"] else retention,
+        [r for round_ in rounds for r in round_], sim.groups, retention
     )
     result = {
         **spec,
@@ -431,19 +552,23 @@ def run(spec: dict, quick: bool) -> dict:
         "probe_hits": probe_hits,
         "hook_ns": hook_ns,
         "steps": steps,
-        "hook_us_per_step": hook_ns / 1e3 / max(steps, 1),
+        "scheduled_tokens": tokens,
+        "preemptions": sim.preemptions,
+        # The cost figure: scheduler-side CPU time the series can change, per
+        # scheduled token.
+        "cpu_ns_per_token": hook_ns / max(tokens, 1),
         "groups": sim.groups,
-        "alignment_tokens": alignment(sim.groups),
+        "alignment_tokens": align,
         "geometry_source": sim.geometry.source,
         "geometry_notes": sim.geometry.notes,
         "num_requests": len(prompts),
         "seconds": round(time.time() - t0, 1),
     }
     log(
-        f"{geometry} {name} {'stock' if spec['stock'] else retention}: "
+        f"{geometry} {name} {spec['variant']} {tree} {retention}: "
         f"{store / 2**20:.1f} MiB stored, min {minimum / 2**20:.1f} MiB, "
-        f"hits {sum(replay)}, {result['hook_us_per_step']:.0f} us/step hooks, "
-        f"{result['seconds']} s"
+        f"hits {sum(replay)}, {len(probe_hits)} probes, "
+        f"{result['cpu_ns_per_token']:.0f} ns/token, {result['seconds']} s"
     )
     return result
 

@@ -55,7 +55,28 @@ def agentic(
     return rounds
 
 
-WORKLOADS = {"gsm8k": gsm8k, "agentic": agentic}
+def longdoc(
+    num_docs: int = 6, num_questions: int = 4, seed: int = 2
+) -> list[list[Request]]:
+    """Long-document QA: documents of 4-16k tokens (longer than Gemma-3's
+    1024-token window), each asked num_questions 20-60 token questions in
+    separate requests with 50-150 output tokens. Round q holds question q of
+    every document."""
+    rng = random.Random(seed)
+    docs = [_tokens(rng, rng.randint(4096, 16384)) for _ in range(num_docs)]
+    return [
+        [
+            (
+                doc + _tokens(rng, rng.randint(20, 60)),
+                _tokens(rng, rng.randint(50, 150)),
+            )
+            for doc in docs
+        ]
+        for _ in range(num_questions)
+    ]
+
+
+WORKLOADS = {"gsm8k": gsm8k, "agentic": agentic, "longdoc": longdoc}
 
 DESCRIPTIONS = {
     "gsm8k": "GSM8K-like: 200 prompts = one shared 900-token 8-shot prefix + a "
@@ -63,4 +84,7 @@ DESCRIPTIONS = {
     "agentic": "agentic multi-turn: 20 sessions x 8 turns on a shared 4096-token "
     "system prompt; turn t+1 = turn t prompt + its 100-300 output tokens + a "
     "200-600 token tool result; turns of all sessions run as one round",
+    "longdoc": "long-document QA: 6 documents of 4-16k tokens, 4 questions of "
+    "20-60 tokens each (separate requests, 50-150 output tokens); question q of "
+    "every document runs as one round",
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Store-traffic benchmark (bench/): offload store bytes, the theoretical
-# minimum, replay hits and scheduler-hook cost of the fork against stock vLLM
-# 0.29.0, on four model geometries and two workloads. No GPU needed.
+# minimum, hits against a reference that stores every chunk and the
+# scheduler-side CPU cost of the fork against stock vLLM 0.29.0 (both at the
+# same GPU retention), on four model geometries, three workloads and engine
+# variants. No GPU needed.
 #
-#   scripts/bench_store.sh           full run (< 15 min): writes bench/results/
-#   scripts/bench_store.sh --quick   CI check (< 2 min): exits 1 on a violated invariant
+#   scripts/bench_store.sh           full run (~30 min): writes bench/results/
+#   scripts/bench_store.sh --quick   CI check (~3 min): exits 1 on a violated invariant
 #
 # Stock 0.29.0 is the pinned release with an empty series, built by the same
 # scripts into build/stock/vllm (idempotent) and imported through PYTHONPATH
