@@ -4,7 +4,8 @@
 # carries a Subject, a Signed-off-by and the rebase trailers (Origin,
 # Upstream-Status, Forwarded), new Python files carry an SPDX header, and each
 # patch, applied in order on the base in a scratch worktree, passes ruff (check
-# and format) under the pinned tree's own config on the files it touches.
+# and format) under the pinned tree's own config on the files it touches, and
+# no patch changes compiled sources unless FORK_BUILD_KERNELS=1 (lib.sh).
 source "$(dirname "$0")/lib.sh"
 
 [ -d "$TREE/.git" ] || die "$TREE is not fetched yet: run scripts/fetch_upstream.sh"
@@ -33,6 +34,16 @@ for p in "${entries[@]}"; do
         grep -q "^$trailer: ..*" <<<"$msg" || errors+=("$p: no $trailer: trailer")
     done
 done
+
+# Compiled sources: the release's precompiled kernels would be stale.
+while IFS= read -r touch; do
+    [ -n "$touch" ] || continue
+    if [ "${FORK_BUILD_KERNELS:-0}" = 1 ]; then
+        log "series check: $touch changes compiled sources (kernels built from source: FORK_BUILD_KERNELS=1)"
+    else
+        errors+=("$touch: changes compiled sources, the precompiled $VLLM_VERSION kernels would be stale (set FORK_BUILD_KERNELS=1 to build the CPU kernels from source)")
+    fi
+done < <(compiled_source_touches)
 
 if [ ${#errors[@]} -eq 0 ] && [ ${#entries[@]} -gt 0 ]; then
     wt=$(mktemp -d)/tree

@@ -6,44 +6,6 @@
 source "$(dirname "$0")/lib.sh"
 
 [ -x "$PY" ] || die "no virtual environment at $VENV: run scripts/setup_venv.sh first"
-mkdir -p "$DOWNLOADS"
-
-# fetch_pinned REQUIREMENT SHA256 GLOB PIP_ARGS...: print the path of the
-# verified artifact, downloading it only when the cache has no good copy.
-fetch_pinned() {
-    local req=$1 sha=$2 glob=$3; shift 3
-    local f
-    for f in "$DOWNLOADS"/$glob; do
-        [ -f "$f" ] || continue
-        if [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$sha" ]; then
-            log "fetch: $req cached ($(basename "$f"))"
-            echo "$f"
-            return 0
-        fi
-        log "fetch: cached $(basename "$f") does not match the pinned sha256; fetching again"
-        rm -f "$f"
-    done
-    log "fetch: downloading $req (hash-checked)"
-    local tmp out
-    tmp=$(mktemp -d "$DOWNLOADS/.partial.XXXXXX")
-    printf '%s --hash=sha256:%s\n' "$req" "$sha" >"$tmp/requirements.txt"
-    if ! out=$("$PY" -m pip download --disable-pip-version-check --no-deps \
-        --require-hashes -r "$tmp/requirements.txt" -d "$tmp/out" "$@" 2>&1); then
-        rm -rf "$tmp"
-        if grep -q "DO NOT MATCH THE HASHES" <<<"$out"; then
-            printf '%s\n' "$out" | grep -E 'Expected sha256|Got ' >&2 || true
-            die "sha256 of the downloaded $req does not match $LOCK; nothing was saved"
-        fi
-        printf '%s\n' "$out" | tail -n 20 >&2
-        die "pip could not download $req"
-    fi
-    f=$(ls "$tmp"/out/$glob)
-    [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$sha" ] || { rm -rf "$tmp"; die "sha256 of $f does not match $LOCK"; }
-    mv "$f" "$DOWNLOADS/"
-    rm -rf "$tmp"
-    echo "$DOWNLOADS/$(basename "$f")"
-}
-
 # pip prepares an sdist's metadata even to download it: vLLM's setup.py needs
 # torch and setuptools-scm from this venv, a plain version (the default carries
 # a local +suffix pip rejects) and no device build.

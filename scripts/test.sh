@@ -2,8 +2,10 @@
 # The test command. In order: the toolchain tests, the build if needed
 # (scripts/apply_and_build.sh), the upstream suites from the patched tree
 # (tests/upstream_suites.txt minus tests/upstream_deselect.txt), our
-# regression tests (incl. the store benchmark's --quick invariants) and the
-# end-to-end engine tests. Ends with one line "N passed, N failed".
+# regression tests (incl. the store benchmark's --quick invariants), the
+# end-to-end engine tests, then the wheels (scripts/build_wheels.sh) and their
+# release tests (the CPU wheel in a fresh venv serving, the CUDA wheel's
+# contents, the warm rebuild). Ends with one line "N passed, N failed".
 #
 #   scripts/test.sh          everything (what CI runs)
 #   scripts/test.sh --fast   without the end-to-end engine tests (marker e2e)
@@ -65,6 +67,13 @@ markers=()
 run_suite regression "$ROOT" tests/regression "${markers[@]}"
 # Real engines on the CPU platform with the host-copy offloading spec.
 [ "$fast" = 1 ] || run_suite e2e "$ROOT" tests/e2e
+
+log "== wheels"
+t0=$(date +%s)
+"$ROOT/scripts/build_wheels.sh"
+log "wheels: built or checked in $(($(date +%s) - t0)) s"
+# --fast: the wheels' contents and the warm rebuild, not the server.
+run_suite release "$ROOT" tests/release "${markers[@]}"
 
 log "== summary"
 "$PY" "$ROOT/scripts/summarize_tests.py" "${reports[@]}"

@@ -184,6 +184,25 @@ def group_kernel_libraries(pgid: int) -> list[str]:
     return sorted(libs)
 
 
+def wait_healthy(proc: subprocess.Popen, base: str, log_path: Path) -> None:
+    """Until the server answers /health; fails with its log if it exits or
+    is not up within STARTUP_TIMEOUT."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(
+                f"server exited ({proc.returncode}):\n{read_log(log_path)[-4000:]}"
+            )
+        try:
+            if requests.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"not up in {STARTUP_TIMEOUT}s:\n{read_log(log_path)[-4000:]}")
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def served(gemma_hybrid, tmp_path_factory):
     """Start the server, send the prompt (computed, stored), send it again
@@ -206,22 +225,7 @@ def served(gemma_hybrid, tmp_path_factory):
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"server exited ({proc.returncode}):\n{read_log(log_path)[-4000:]}"
-                )
-            try:
-                if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"not up in {STARTUP_TIMEOUT}s:\n{read_log(log_path)[-4000:]}"
-                )
-            time.sleep(1)
+        wait_healthy(proc, base, log_path)
 
         def complete():
             resp = requests.post(
