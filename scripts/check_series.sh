@@ -6,7 +6,20 @@
 # patch, applied in order on the base in a scratch worktree, passes ruff (check
 # and format) under the pinned tree's own config on the files it touches, and
 # no patch changes compiled sources unless FORK_BUILD_KERNELS=1 (lib.sh).
+#
+#   scripts/check_series.sh [--precommit]
+#
+# --precommit also runs vLLM's other pre-commit checks on each patch's touched
+# files, as vLLM's .pre-commit-config.yaml runs them: mypy through the tree's
+# tools/pre_commit/mypy.py and typos (pinned in scripts/requirements-release.txt).
 source "$(dirname "$0")/lib.sh"
+
+precommit=0
+case "${1:-}" in
+--precommit) precommit=1 ;;
+"") ;;
+*) die "usage: $0 [--precommit]" ;;
+esac
 
 [ -d "$TREE/.git" ] || die "$TREE is not fetched yet: run scripts/fetch_upstream.sh"
 ruff=$VENV/bin/ruff
@@ -45,6 +58,12 @@ while IFS= read -r touch; do
     fi
 done < <(compiled_source_touches)
 
+if [ "$precommit" = 1 ]; then
+    tools=$("$ROOT/scripts/setup_release_tools.sh")
+    # mypy's cache survives between patches and runs (each patch adds a few files).
+    export MYPY_CACHE_DIR=$ROOT/build/mypy-cache-$VLLM_VERSION
+fi
+
 if [ ${#errors[@]} -eq 0 ] && [ ${#entries[@]} -gt 0 ]; then
     wt=$(mktemp -d)/tree
     trap 'tgit worktree remove --force "$wt" >/dev/null 2>&1 || true; rm -rf "$(dirname "$wt")"' EXIT
@@ -66,6 +85,14 @@ if [ ${#errors[@]} -eq 0 ] && [ ${#entries[@]} -gt 0 ]; then
         if ! out=$(cd "$wt" && "$ruff" format --no-cache --check --quiet "${pys[@]}" 2>&1); then
             errors+=("$p: ruff format:"$'\n'"$out")
         fi
+        [ "$precommit" = 1 ] || continue
+        log "series check: $p: mypy and typos on ${#pys[@]} files"
+        if ! out=$(cd "$wt" && PATH=$tools:$PATH "$tools/python" tools/pre_commit/mypy.py 3.11 "${pys[@]}" 2>&1); then
+            errors+=("$p: mypy:"$'\n'"$(grep -E 'error|Found' <<<"$out")")
+        fi
+        if ! out=$(cd "$wt" && "$tools/typos" --force-exclude "${pys[@]}" 2>&1); then
+            errors+=("$p: typos:"$'\n'"$out")
+        fi
     done
 fi
 
@@ -73,4 +100,6 @@ if [ ${#errors[@]} -gt 0 ]; then
     printf 'series check: %s\n' "${errors[@]}" >&2
     exit 1
 fi
-log "series check: ${#entries[@]} patches OK (entries, trailers, apply in order, ruff)"
+checks="entries, trailers, apply in order, ruff"
+[ "$precommit" = 0 ] || checks+=", mypy, typos"
+log "series check: ${#entries[@]} patches OK ($checks)"

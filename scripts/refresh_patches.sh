@@ -17,9 +17,16 @@ trap 'rm -rf "$out"' EXIT
 tgit -c core.abbrev=12 -c diff.noprefix=false format-patch -q --zero-commit \
     --no-signature --no-numbered -o "$out" "$BASE_TAG..HEAD"
 
+# The series file's leading comment lines are kept (upstream-pr/ has its own);
+# a new series gets the pinned series' header.
+header=$(sed -n '/^#/!q;p' "$PATCHES/series" 2>/dev/null || true)
 {
-    echo "# The patch series, applied in this order on the pinned base (upstream/vllm.lock)."
-    echo "# One file name a line; maintained by scripts/refresh_patches.sh."
+    if [ -n "$header" ]; then
+        printf '%s\n' "$header"
+    else
+        echo "# The patch series, applied in this order on the pinned base (upstream/vllm.lock)."
+        echo "# One file name a line; maintained by scripts/refresh_patches.sh."
+    fi
     (cd "$out" && ls -1 -- *.patch 2>/dev/null || true)
 } >"$out/series"
 

@@ -22,7 +22,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.kv_offload.base import LookupResult, OffloadKey
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey, get_offload_group_idx
 
 
 def full(block_size: int) -> FullAttentionSpec:
@@ -80,6 +80,11 @@ class OffloadSim:
         async_scheduling: bool = False,
     ):
         self.every_chunk = retention == EVERY_CHUNK
+        self.full_attention_groups = {
+            i
+            for i, g in enumerate(kv_cache_groups)
+            if isinstance(g.kv_cache_spec, FullAttentionSpec)
+        }
         if self.every_chunk:
             retention = None
         block_size = min(g.kv_cache_spec.block_size for g in kv_cache_groups)
@@ -145,3 +150,15 @@ class OffloadSim:
         stored): the probe's own stores do not reach later probes."""
         self.stored = set(stored)
         return self.replay_hit(token_ids)
+
+    def full_attention_keys(self, token_ids: list[int]) -> set[OffloadKey]:
+        """The full-attention chunks a request with these tokens stores: what
+        a request extending a stored one adds when it hits the GPU prefix
+        cache past the stored end (its other groups' blocks before that hit
+        are null and never stored)."""
+        self.probe_hit(token_ids, set())
+        return {
+            k
+            for k in self.stored
+            if get_offload_group_idx(k) in self.full_attention_groups
+        }

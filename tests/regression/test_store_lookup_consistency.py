@@ -50,6 +50,16 @@ def hits_at(sim: OffloadSim, tokens: list[int], boundaries: list[int]) -> dict:
     return out
 
 
+def extension_hit(sim: OffloadSim, stored: set, tokens: list[int], k: int) -> int:
+    """A request extending the prompt hits the GPU prefix cache at 2k past
+    it and stores full attention alone there; a request sharing the first
+    multiple of k past the prompt falls back to the prompt's last SWA tail."""
+    extended = tokens + prompt(3 * k, seed=99)
+    cont = stored | sim.full_attention_keys(extended)
+    s = (len(tokens) // k + 1) * k
+    return sim.probe_hit(extended[:s] + prompt(40, seed=s), cont)
+
+
 @pytest.mark.parametrize("geometry", sorted(GEOMETRIES))
 @pytest.mark.parametrize("retention", [0, 32, 64])
 @pytest.mark.parametrize("num_prompt", [64, 70, 130])
@@ -70,6 +80,12 @@ def test_sparse_stores_keep_hits_and_waste_nothing(
 
     dense_hits = hits_at(dense, tokens, boundaries)
     sparse_hits = hits_at(sparse, tokens, boundaries)
+    # Prompt-only: the GPU prefix cache holds the output past the stores.
+    if retention and offload_prompt_only:
+        dense_hits["extension"] = extension_hit(dense, dense_stored, tokens, retention)
+        sparse_hits["extension"] = extension_hit(
+            sparse, sparse_stored, tokens, retention
+        )
     # (a) every retained boundary hits as with dense stores, and the hit is real.
     assert sparse_hits == dense_hits
     assert all(hit > 0 for hit in sparse_hits.values())

