@@ -253,8 +253,9 @@ class Sim:
         self.scheduler._preempt_request = count_preemption
         matched = self.cs.get_num_new_matched_tokens
 
-        def record_hit(request, num_computed_tokens):
-            result = matched(request, num_computed_tokens)
+        # Newer releases pass more arguments (0.32.0: max_num_new_tokens).
+        def record_hit(request, num_computed_tokens, *args, **kwargs):
+            result = matched(request, num_computed_tokens, *args, **kwargs)
             if result[0] is not None:
                 self.first_hit.setdefault(request.request_id, result[0])
             return result

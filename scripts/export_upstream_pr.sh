@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Write what a maintainer pastes into GitHub to send upstream-pr/ to vLLM:
+#
+#   FORK_BASE=0.32.0 scripts/export_upstream_pr.sh [OUT]   (default build/upstream-pr)
+#
+#   OUT/NNNN-*.patch    the branch as `git format-patch`, with a cover letter
+#   OUT/PR.md           the PR description in the base's own template
+#                       (.github/PULL_REQUEST_TEMPLATE.md), its numbers measured
+#                       on the base: bench/results/<base>/summary.json (stock vs
+#                       stock + series, one run), upstream-pr/replay_cases.md,
+#                       and the test command's JUnit reports when present
+#
+# The narrative lives in upstream-pr/description.md (one section per template
+# heading); scripts/render_pr_description.py fills in the measured tables.
+source "$(dirname "$0")/lib.sh"
+
+[ "$VLLM_VERSION" != "$PIN_VERSION" ] || die "the PR series is sent on a newer base: FORK_BASE=<version> (e.g. 0.32.0)"
+out=${1:-$ROOT/build/upstream-pr}
+"$ROOT/scripts/apply_series.sh"
+n=$(series_entries | wc -l)
+[ "$n" -gt 0 ] || die "$PATCHES/series lists no patches"
+
+rm -rf "$out"
+mkdir -p "$out"
+"$PY" "$ROOT/scripts/render_pr_description.py" --base "$VLLM_VERSION" --tree "$TREE" \
+    --description "$PATCHES/description.md" --results "$ROOT/build/test-results" \
+    --out "$out/PR.md" --cover "$out/cover.txt"
+# Cover letter: the PR title as subject, its overview as the blurb.
+tgit -c core.abbrev=12 format-patch -q --cover-letter --zero-commit --no-signature \
+    --cover-from-description=subject -o "$out" "$BASE_TAG..HEAD"
+"$PY" - "$out/0000-cover-letter.patch" "$out/cover.txt" <<'PYEOF'
+import sys
+from pathlib import Path
+letter, cover = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
+title, _, blurb = cover.partition("\n\n")
+text = letter.read_text().replace("*** SUBJECT HERE ***", title.strip(), 1)
+letter.write_text(text.replace("*** BLURB HERE ***", blurb.strip(), 1))
+PYEOF
+rm "$out/cover.txt"
+log "export: $n patches + cover letter and PR.md in $out"
+ls -1 "$out" >&2
