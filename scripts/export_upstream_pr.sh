@@ -25,8 +25,12 @@ mkdir -p "$out"
 "$PY" "$ROOT/scripts/render_pr_description.py" --base "$VLLM_VERSION" --tree "$TREE" \
     --description "$PATCHES/description.md" --results "$ROOT/build/test-results" \
     --out "$out/PR.md" --cover "$out/cover.txt"
-# Cover letter: the PR title as subject, its overview as the blurb.
-tgit -c core.abbrev=12 format-patch -q --cover-letter --zero-commit --no-signature \
+# Cover letter: the PR title as subject, its overview as the blurb, from
+# the patches' author.
+author=$(sed -n 's/^From: //p' "$PATCHES/$(series_entries | head -n 1)" | head -n 1)
+name=${author% <*} email=${author##*<}
+GIT_AUTHOR_NAME=$name GIT_AUTHOR_EMAIL=${email%>} GIT_COMMITTER_NAME=$name GIT_COMMITTER_EMAIL=${email%>} \
+    tgit -c core.abbrev=12 format-patch -q --cover-letter --zero-commit --no-signature \
     --cover-from-description=subject -o "$out" "$BASE_TAG..HEAD"
 "$PY" - "$out/0000-cover-letter.patch" "$out/cover.txt" <<'PYEOF'
 import sys

@@ -95,9 +95,10 @@ def main() -> None:
     values = {
         "base": args.base,
         "bench": bench_table(args.base),
-        "replay_cases": (args.description.parent / "replay_cases.md")
-        .read_text()
-        .strip(),
+        # Its own title would be a second H1 inside the description.
+        "replay_cases": re.sub(
+            r"\A# .*\n+", "", (args.description.parent / "replay_cases.md").read_text()
+        ).strip(),
         "tests": tests_table(args.results, args.base),
     }
     for heading, body in ours.items():
@@ -117,7 +118,7 @@ def main() -> None:
         return f"## {m.group(1)}\n\n{ours[m.group(1)]}\n"
 
     # Each heading's placeholder comment is replaced by our section.
-    body = re.sub(r"^## (.+)\n\n<!--.*?-->\n", fill, template, flags=re.M | re.S)
+    body = re.sub(r"^## ([^\n]+)\n\n<!--.*?-->\n", fill, template, flags=re.M | re.S)
     args.out.write_text(f"<!-- PR title: {title} -->\n\n{body}")
     args.cover.write_text(f"{title}\n\n{ours[wanted[0]]}\n")
 
