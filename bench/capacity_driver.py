@@ -59,6 +59,13 @@ def cpu_block_bytes(sim: Sim) -> int:
     ).kv_bytes_per_chunk
 
 
+def manager_blocks(manager, name: str) -> int:
+    """The CPU manager's ``<name>_blocks`` counter (0.32.0 renamed its blocks
+    to chunks: ``<name>_chunks``)."""
+    value = getattr(manager, f"{name}_blocks", None)
+    return getattr(manager, f"{name}_chunks") if value is None else value
+
+
 def pass1(sim: Sim, rounds) -> None:
     for round_ in rounds:
         for prompt, output in round_:
@@ -108,7 +115,7 @@ class Counting:
                 return out
             self.stored += len(out.keys_to_store)
             self.evicted += len(out.evicted_keys)
-            used = manager._num_allocated_blocks - len(manager._free_list)
+            used = manager_blocks(manager, "_num_allocated") - len(manager._free_list)
             self.peak = max(self.peak, used)
             return out
 
@@ -124,7 +131,7 @@ def budget_run(spec: dict, rounds, blocks: int | None, policy: str) -> dict:
         gpu_retention(spec),
         connector_config={"cpu_bytes_to_use": budget, "eviction_policy": policy},
     )
-    assert blocks is None or sim.manager._num_blocks == blocks
+    assert blocks is None or manager_blocks(sim.manager, "_num") == blocks
     counts = Counting(sim.manager)
     pass1(sim, rounds)
     hits = replay_hits(sim, [p for r in rounds for p, _ in r])

@@ -7,6 +7,9 @@ placeholders become measured tables:
   {{bench}}          stock vs stock + series on the base, one benchmark run
                      (bench/results/<base>/summary.json): store bytes, hits
                      lost against the every-chunk reference, scheduler cost
+  {{capacity}}       hits against vLLM's CPU offload manager with a byte
+                     budget, stock vs stock + series on the base
+                     (bench/results/<base>/capacity.md, python -m bench.capacity)
   {{replay_cases}}   upstream-pr/replay_cases.md (the defect cases
                      before/after, from bench/replay_cases.py)
   {{tests}}          pass/fail counts of the test command's JUnit reports
@@ -64,6 +67,17 @@ def bench_table(base: str) -> str:
     return "\n".join(rows)
 
 
+def capacity_table(base: str) -> str:
+    """The per-pair table of capacity.md and its note."""
+    path = ROOT / "bench" / "results" / base / "capacity.md"
+    if not path.exists():
+        raise SystemExit(
+            f"{path} is missing: run python -m bench.capacity with the {base} trees"
+        )
+    text = path.read_text().split("## Every geometry and workload", 1)[-1]
+    return text.split("![", 1)[0].strip()
+
+
 def tests_table(results: Path, base: str) -> str:
     rows = ["| check | passed | failed |", "|---|---:|---:|"]
     for name in (f"series-upstream-pr-{base}", f"upstream-pr-{base}"):
@@ -95,6 +109,7 @@ def main() -> None:
     values = {
         "base": args.base,
         "bench": bench_table(args.base),
+        "capacity": capacity_table(args.base),
         # Its own title would be a second H1 inside the description.
         "replay_cases": re.sub(
             r"\A# .*\n+", "", (args.description.parent / "replay_cases.md").read_text()
