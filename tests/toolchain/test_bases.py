@@ -89,6 +89,18 @@ def test_base_derives_its_paths(root, base):
     }
 
 
+@pytest.mark.parametrize("base", BASES)
+def test_a_rebase_onto_the_base_is_its_series(root, base):
+    """upstream-pr/<base>/ (the series rebased onto that base) wins over
+    upstream-pr/ once it has a series file; FORK_PATCHES still overrides."""
+    (root / "upstream-pr" / base).mkdir(parents=True)
+    assert settings(root, FORK_BASE=base)["PATCHES"] == f"{root}/upstream-pr"
+    (root / "upstream-pr" / base / "series").write_text("# rebased\n")
+    assert settings(root, FORK_BASE=base)["PATCHES"] == f"{root}/upstream-pr/{base}"
+    other = settings(root, FORK_BASE=base, FORK_PATCHES=f"{root}/elsewhere")
+    assert other["PATCHES"] == f"{root}/elsewhere"
+
+
 def test_unknown_base_is_refused_in_one_line(root):
     r = lib(root, "echo reached", FORK_BASE="9.9.9")
     assert r.returncode != 0 and "reached" not in r.stdout
