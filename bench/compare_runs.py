@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Does the scheduler cost figure reproduce? Compare two benchmark runs
+(their summary.json) cell by cell: the fork / stock cost ratio of each, the
+relative difference between the runs, and whether it is within the
+tolerance. Store bytes and hits must be identical (they are deterministic).
+
+    python -m bench.compare_runs RUN_A/summary.json RUN_B/summary.json [--out FILE.md]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+TOLERANCE = 0.03
+
+
+def cells(path: Path) -> dict[tuple, dict]:
+    return {
+        (r["geometry"], r["workload"], r["variant"], r["retention"]): r
+        for r in json.loads(path.read_text())
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    a, b = cells(args.a), cells(args.b)
+    if a.keys() != b.keys():
+        raise SystemExit("the runs cover different cells")
+    lines = [
+        f"# Scheduler cost: two runs ({args.a.parent.name} vs {args.b.parent.name})\n",
+        "| cell | GPU retention | cost A | cost B | B / A - 1 | within "
+        f"{TOLERANCE:.0%} |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    within = 0
+    for key in sorted(a, key=str):
+        ra, rb = a[key], b[key]
+        for field in ("store_bytes", "hit_tokens", "lost_hits"):
+            if ra[field] != rb[field]:
+                raise SystemExit(f"{key}: {field} differs ({ra[field]} vs {rb[field]})")
+        diff = rb["sched_cost_ratio"] / ra["sched_cost_ratio"] - 1
+        ok = abs(diff) <= TOLERANCE
+        within += ok
+        g, w, v, r = key
+        lines.append(
+            f"| {g} / {w} / {v} | {r} | {ra['sched_cost_ratio']:.3f}x "
+            f"| {rb['sched_cost_ratio']:.3f}x | {diff:+.1%} | {'yes' if ok else 'no'} |"
+        )
+    lines.append(f"\n{within} of {len(a)} cells agree within {TOLERANCE:.0%}.")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+    return 0 if within == len(a) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
