@@ -5,8 +5,9 @@
 # pre-commit checks on every patch, our regression tests (incl. the store
 # benchmark's --quick invariants), the end-to-end engine tests, the upstream
 # PR series (upstream-pr/) built, checked and tested on 0.32.0
-# (tests/upstream_suites-pr.txt) and its apply on 0.33.0 checked against
-# upstream-pr/apply-0.33.0.txt, then the wheels (scripts/build_wheels.sh) and their
+# (tests/upstream_suites-pr.txt), its apply on 0.33.0 checked against
+# upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
+# Python-only, checked and tested on 0.33.0, then the wheels (scripts/build_wheels.sh) and their
 # release tests (the CPU wheel in a fresh venv serving, the CUDA wheel's
 # contents, the warm rebuild). Ends with one line "N passed, N failed".
 #
