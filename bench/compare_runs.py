@@ -2,7 +2,8 @@
 """Does the scheduler cost figure reproduce? Compare two benchmark runs
 (their summary.json) cell by cell: the fork / stock cost ratio of each, the
 relative difference between the runs, and whether it is within the
-tolerance. Store bytes and hits must be identical (they are deterministic).
+tolerance; where the runs recorded them, how much each side's CPU ns per
+token moved (which tree's floor a miss comes from). Store bytes and hits must be identical (they are deterministic).
 
     python -m bench.compare_runs RUN_A/summary.json RUN_B/summary.json [--out FILE.md]
 """
@@ -33,8 +34,8 @@ def main() -> int:
     lines = [
         f"# Scheduler cost: two runs ({args.a.parent.name} vs {args.b.parent.name})\n",
         "| cell | GPU retention | cost A | cost B | B / A - 1 | within "
-        f"{TOLERANCE:.0%} |",
-        "|---|---|---:|---:|---:|---|",
+        f"{TOLERANCE:.0%} | stock ns/token B / A - 1 | fork ns/token B / A - 1 |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
     ]
     within = 0
     for key in sorted(a, key=str):
@@ -46,9 +47,14 @@ def main() -> int:
         ok = abs(diff) <= TOLERANCE
         within += ok
         g, w, v, r = key
+        sides = [
+            f"{rb[f] / ra[f] - 1:+.1%}" if f in ra and f in rb else "–"
+            for f in ("stock_cpu_ns_per_token", "cpu_ns_per_token")
+        ]
         lines.append(
             f"| {g} / {w} / {v} | {r} | {ra['sched_cost_ratio']:.3f}x "
-            f"| {rb['sched_cost_ratio']:.3f}x | {diff:+.1%} | {'yes' if ok else 'no'} |"
+            f"| {rb['sched_cost_ratio']:.3f}x | {diff:+.1%} | {'yes' if ok else 'no'} "
+            f"| {' | '.join(sides)} |"
         )
     lines.append(f"\n{within} of {len(a)} cells agree within {TOLERANCE:.0%}.")
     text = "\n".join(lines) + "\n"

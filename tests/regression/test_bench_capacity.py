@@ -51,3 +51,33 @@ def test_bench_capacity_quick(tmp_path):
         keep90[(r["setting"], r["policy"])] = r["keep90"]["bytes"]
     for policy in ("lru", "arc"):
         assert keep90[("fork", policy)] < keep90[("stock", policy)]
+
+
+def _record(setting: str, points: dict) -> dict:
+    return {
+        "geometry": "g", "workload": "w", "retention": 0, "policy": "lru",
+        "setting": setting,
+        "points": [{"budget_blocks": b, "budget_bytes": (b or 0) * 2**20, "hits": h}
+                   for b, h in points.items()],
+    }  # fmt: skip
+
+
+def test_every_budget_below_stock_is_listed():
+    from bench.capacity import below_stock
+
+    # Budget 10: fork below stock. 20: above. 30: bisection point stock never
+    # ran (not comparable). None: unlimited, equal by construction, excluded.
+    stock = _record("stock", {None: 100, 10: 50, 20: 60})
+    fork = _record("fork", {None: 100, 10: 40, 20: 70, 30: 10})
+    report = below_stock([stock, fork])
+    assert "at 1 of 2 budgets" in report
+    rows = [line for line in report.splitlines() if line.startswith("| g |")]
+    assert rows == ["| g | w | 0 | lru | 0.010 | 50 | 40 | 0.800x |"]
+
+
+def test_no_row_when_the_fork_never_hits_less():
+    from bench.capacity import below_stock
+
+    stock = _record("stock", {None: 100, 10: 50})
+    report = below_stock([stock, _record("fork", {None: 100, 10: 50})])
+    assert "at 0 of 1 budgets" in report and "| g |" not in report
