@@ -3,7 +3,8 @@
 (their summary.json) cell by cell: the fork / stock cost ratio of each, the
 relative difference between the runs, and whether it is within the
 tolerance; where the runs recorded them, how much each side's CPU ns per
-token moved (which tree's floor a miss comes from). Store bytes and hits must be identical (they are deterministic).
+token moved (which tree's floor a miss comes from). Store bytes and hits
+must be identical (they are deterministic).
 
     python -m bench.compare_runs RUN_A/summary.json RUN_B/summary.json [--out FILE.md]
 """

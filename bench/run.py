@@ -13,9 +13,9 @@ per scheduled token at its floor: every repetition of a cell takes the same
 steps, so each step's hook time is taken at its minimum over the repetitions
 (what other processes add to a step is filtered out, not averaged in) and
 summed; the table shows the fork / stock ratio of those floors. --quick runs
-the headline (DeepSeek-V4-Flash, GSM8K-like) at full size and the rest scaled down, once, checks the
-invariants (bytes, no lost hits against the every-chunk reference) and exits
-1 on a violation. The full run also writes bench/results/. Progress goes to
+the headline (DeepSeek-V4-Flash, GSM8K-like) at full size and the rest
+scaled down, once, checks the invariants (bytes, no lost hits against the
+every-chunk reference) and exits 1 on a violation. The full run also writes bench/results/. Progress goes to
 stderr."""
 
 import argparse
