@@ -30,6 +30,7 @@ Load it with (``tests/`` on ``PYTHONPATH``)::
         },
     }
 
+``"host_copy_audit_path"`` keeps a ledger of the manager (e2e.offload_audit).
 ``"host_copy_corrupt_loads": true`` in the extra config turns the worker into a
 negative control: loads write zeros instead of the stored bytes.
 """
@@ -210,6 +211,14 @@ class HostCopyOffloadingSpec(CPUOffloadingSpec):
 
     def _uses_shared_region(self) -> bool:
         return False
+
+    def get_manager(self):
+        if self._manager is None:
+            from e2e.offload_audit import AUDIT_PATH_KEY, attach_audit
+
+            manager = super().get_manager()
+            attach_audit(manager, self.extra_config.get(AUDIT_PATH_KEY))
+        return super().get_manager()
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:

@@ -12,131 +12,38 @@ both reuse the same tokens and compute the same rest, so they agree to
 rounding on any CPU. The fully computed first completion is not compared
 (another prefill shape, other rounding)."""
 
-import json
-import os
-import signal
-import socket
 import subprocess
-import sys
-import time
-from collections import defaultdict
-from pathlib import Path
 
-import psutil
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.engine_utils import (
     LOAD_BYTES,
     LOGPROB_ATOL,
     SKIPPED_BYTES,
     STORE_BYTES,
-    kernel_libraries,
-    kv_transfer_config,
     predicted_store,
     prompt,
 )
+from e2e.serve_utils import (
+    EXIT_TIMEOUT,
+    STARTUP_TIMEOUT,
+    free_port,
+    group_kernel_libraries,
+    read_log,
+    samples,
+    serve_command,
+    serve_env,
+    start_server,
+    stop_group,
+    wait_group_empty,
+    wait_healthy,
+)
 from e2e.tiny_models import BLOCK_SIZE
 
-TESTS_DIR = Path(__file__).resolve().parents[1]
 ENV_INTERVAL = 512
 PROMPT = prompt(1100, seed=1)
 HIT = (len(PROMPT) - 1) // BLOCK_SIZE * BLOCK_SIZE
-# Hang guards, not speed requirements: the server starts in about 25 s here
-# (2 cores), 53 s was seen on a slower 2-core machine. Below the per-test
-# guard (conftest.TEST_TIMEOUT_S) so a failure comes with the server log.
-STARTUP_TIMEOUT = 400
-EXIT_TIMEOUT = 30  # for the processes of a server that stopped
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_command(model_path: str, port: int, *extra: str) -> list[str]:
-    vllm_cli = Path(sys.executable).parent / "vllm"
-    launcher = (
-        [str(vllm_cli)]
-        if vllm_cli.exists()
-        else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-    )
-    return [
-        *launcher,
-        "serve",
-        model_path,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--served-model-name", "tiny",
-        "--dtype", "float32",
-        "--block-size", str(BLOCK_SIZE),
-        "--max-model-len", "2048",
-        "--kv-cache-memory-bytes", str(64 << 20),
-        "--enforce-eager",
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--kv-transfer-config", json.dumps(kv_transfer_config()),
-        *extra,
-    ]  # fmt: skip
-
-
-def serve_env(**extra: str) -> dict:
-    env = dict(os.environ)
-    # Run the engine core in its own process, as `vllm serve` users do.
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    env.pop("VLLM_PREFIX_CACHE_RETENTION_INTERVAL", None)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")])
-    )
-    env.update(extra)
-    return env
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    alive = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            pass
-    return alive
-
-
-def wait_group_empty(pgid: int, timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while (alive := group_processes(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return alive
-
-
-def stop_group(proc: subprocess.Popen) -> list[psutil.Process]:
-    """SIGTERM the server's process group (start_new_session: it leads its
-    own); returns what was still running EXIT_TIMEOUT later, then SIGKILLs
-    that."""
-    pgid = proc.pid
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    survivors = wait_group_empty(pgid, EXIT_TIMEOUT)
-    if survivors:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        wait_group_empty(pgid, 10)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    return survivors
-
-
-def read_log(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def test_bad_interval_stops_serve_cleanly(gemma_hybrid, tmp_path):
@@ -145,16 +52,13 @@ def test_bad_interval_stops_serve_cleanly(gemma_hybrid, tmp_path):
     process behind (API server, engine core, workers)."""
     log_path = tmp_path / "serve-bad.log"
     port = free_port()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            serve_command(
-                gemma_hybrid.path, port, "--prefix-cache-retention-interval", "48"
-            ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=serve_env(),
-            start_new_session=True,
-        )
+    proc = start_server(
+        serve_command(
+            gemma_hybrid.path, port, "--prefix-cache-retention-interval", "48"
+        ),
+        serve_env(),
+        log_path,
+    )
     try:
         rc = proc.wait(timeout=STARTUP_TIMEOUT)
         # The server has exited on its own: its engine core and workers must
@@ -174,35 +78,6 @@ def test_bad_interval_stops_serve_cleanly(gemma_hybrid, tmp_path):
         requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
 
-def group_kernel_libraries(pgid: int) -> list[str]:
-    libs = set()
-    for p in group_processes(pgid):
-        try:
-            libs.update(kernel_libraries(p.pid))
-        except OSError:
-            pass
-    return sorted(libs)
-
-
-def wait_healthy(proc: subprocess.Popen, base: str, log_path: Path) -> None:
-    """Until the server answers /health; fails with its log if it exits or
-    is not up within STARTUP_TIMEOUT."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(
-                f"server exited ({proc.returncode}):\n{read_log(log_path)[-4000:]}"
-            )
-        try:
-            if requests.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"not up in {STARTUP_TIMEOUT}s:\n{read_log(log_path)[-4000:]}")
-        time.sleep(1)
-
-
 @pytest.fixture(scope="module")
 def served(gemma_hybrid, tmp_path_factory):
     """Start the server, send the prompt (computed, stored), send it again
@@ -216,14 +91,7 @@ def served(gemma_hybrid, tmp_path_factory):
         VLLM_SERVER_DEV_MODE="1",
         VLLM_PREFIX_CACHE_RETENTION_INTERVAL=str(ENV_INTERVAL),
     )
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            serve_command(gemma_hybrid.path, port),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    proc = start_server(serve_command(gemma_hybrid.path, port), env, log_path)
     try:
         wait_healthy(proc, base, log_path)
 
@@ -261,17 +129,6 @@ def served(gemma_hybrid, tmp_path_factory):
     finally:
         left = stop_group(proc)
         assert not left, f"still running {EXIT_TIMEOUT} s after SIGTERM: {left}"
-
-
-def samples(metrics_text: str) -> tuple[dict[str, float], dict[str, list[dict]]]:
-    """Sample values summed over label sets, and the label sets per sample."""
-    values: dict[str, float] = defaultdict(float)
-    labels: dict[str, list[dict]] = defaultdict(list)
-    for family in text_string_to_metric_families(metrics_text):
-        for s in family.samples:
-            values[s.name] += s.value
-            labels[s.name].append(s.labels)
-    return dict(values), dict(labels)
 
 
 def engine_interval(labels) -> int | None:
