@@ -484,9 +484,17 @@ async def shutdown_under_load(base: str, proc) -> dict:
     }
 
 
+def _slope(points: list[tuple[int, float]]) -> float | None:
+    """MiB per 1,000 requests (least squares), None with too few samples."""
+    if len(points) < 3 or points[-1][0] == points[0][0]:
+        return None
+    return round(statistics.linear_regression(*zip(*points)).slope * 1000, 2)
+
+
 def memory_growth(memory: list[dict], total: int) -> dict:
-    """Resident memory per process: after warm-up, MiB per 1,000 requests
-    (least squares over the samples)."""
+    """Resident memory per process: after warm-up, MiB per 1,000 requests,
+    over all the samples and over their second half (a warm-up slows down,
+    a leak does not)."""
     warm = [m for m in memory if m["requests"] >= total * MEMORY_WARMUP_FRACTION]
     out = {}
     for name in memory[-1]["rss_mib"] if memory else []:
@@ -494,15 +502,12 @@ def memory_growth(memory: list[dict], total: int) -> dict:
             (m["requests"], m["rss_mib"][name]) for m in warm if name in m["rss_mib"]
         ]
         first = next((m["rss_mib"][name] for m in memory if name in m["rss_mib"]), 0)
-        if len(pts) < 3 or pts[-1][0] == pts[0][0]:
-            slope = None
-        else:
-            slope = statistics.linear_regression(*zip(*pts)).slope * 1000
         out[name] = {
             "start_mib": first,
             "warm_mib": pts[0][1] if pts else None,
             "end_mib": memory[-1]["rss_mib"].get(name),
-            "mib_per_1000_requests": None if slope is None else round(slope, 2),
+            "mib_per_1000_requests": _slope(pts),
+            "late_mib_per_1000_requests": _slope(pts[len(pts) // 2 :]),
         }
     return out
 
@@ -738,6 +743,7 @@ def summarize(res: dict) -> dict:
         "requests": len(recs),
         "completed": len(done),
         "aborted_by_client": sum(r.aborted for r in recs),
+        "bad_by_kind": {k: sum(r.kind == f"bad:{k}" for r in recs) for k in BAD_KINDS},
         "bad_requests_refused": sum(
             r.kind.startswith("bad:") and 400 <= r.status < 500 for r in recs
         ),

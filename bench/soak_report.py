@@ -62,6 +62,13 @@ def render(summary: dict) -> str:
         for _, key, digits in RUN_COLUMNS
     ]
     lines.append("| **all** | " + " | ".join(totals) + " |")
+    bad = {k: sum(r["bad_by_kind"][k] for r in runs) for k in runs[0]["bad_by_kind"]}
+    lines += [
+        "",
+        "Bad requests sent, by kind: "
+        + ", ".join(f"{k.replace('_', ' ')} {n:,}" for k, n in bad.items())
+        + "; each must get a 4xx with a message.",
+    ]
     lines += [
         "",
         "Max logprob gap against the reference (fp32 Gemma, up to a near "
@@ -91,17 +98,20 @@ def render(summary: dict) -> str:
         "",
         "Per process: at the first sample, after warm-up (a quarter of the "
         "run's requests), at the end, and the growth after warm-up (least "
-        "squares over 5 s samples).",
+        "squares over 5 s samples), also over the second half of those "
+        "samples only (a warm-up slows down, a leak does not).",
         "",
-        "| run | process | start MiB | warm MiB | end MiB | MiB / 1,000 requests |",
-        "|---|---|---:|---:|---:|---:|",
+        "| run | process | start MiB | warm MiB | end MiB "
+        "| MiB / 1,000 requests | second half |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         for name, m in (r.get("memory") or {}).items():
             lines.append(
                 f"| {r['run']} | {name} | {_fmt(m['start_mib'], 1)} | "
                 f"{_fmt(m['warm_mib'], 1)} | {_fmt(m['end_mib'], 1)} | "
-                f"{_fmt(m['mib_per_1000_requests'], 2)} |"
+                f"{_fmt(m['mib_per_1000_requests'], 2)} | "
+                f"{_fmt(m['late_mib_per_1000_requests'], 2)} |"
             )
     lines += ["", "## Failures", ""]
     lines += [f"- {f}" for f in summary["failures"]] or ["None."]
