@@ -590,7 +590,7 @@ def reference(model, prompts: Prompts) -> dict[int, Record]:
             max_tokens=prompts.max_tokens[p],
             temperature=0.0,
             ignore_eos=True,
-            logprobs=0,
+            logprobs=2,  # the runner-up too: its margin tells a near tie
         )
         for p in pids
     ]
@@ -790,7 +790,27 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "soak")
     ap.add_argument("--report", type=Path, help="write the markdown report here")
     ap.add_argument("--only", nargs="+", help="runs to keep, e.g. granite-0-lru")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        help="only write --report from these runs' summary.json files",
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        from bench.soak_report import render
+
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        merged = {
+            "command": "; ".join(p["command"] for p in parts),
+            "machine": parts[0]["machine"],
+            "quick": False,
+            "wall_s": sum(p["wall_s"] for p in parts),
+            "runs": [r for p in parts for r in p["runs"]],
+            "failures": [f for p in parts for f in p["failures"]],
+        }
+        args.report.write_text(render(merged))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     specs = QUICK if args.quick else full_runs(args.minutes)
     if args.only:
