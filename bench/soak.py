@@ -794,20 +794,30 @@ def main(argv=None) -> int:
         "--merge",
         nargs="+",
         type=Path,
-        help="only write --report from these runs' summary.json files",
+        help="only write --report from these summary.json files (a later "
+        "file's run replaces an earlier one's of the same name)",
     )
     args = ap.parse_args(argv)
     if args.merge:
         from bench.soak_report import render
 
+        # A run of a later file replaces the run of that name (and its
+        # failures) from an earlier one.
         parts = [json.loads(p.read_text()) for p in args.merge]
+        runs, fails = {}, {}
+        for part in parts:
+            for r in part["runs"]:
+                runs[r["run"]] = r
+                fails[r["run"]] = [
+                    f for f in part["failures"] if f.startswith(r["run"] + ":")
+                ]
         merged = {
             "command": "; ".join(p["command"] for p in parts),
             "machine": parts[0]["machine"],
             "quick": False,
             "wall_s": sum(p["wall_s"] for p in parts),
-            "runs": [r for p in parts for r in p["runs"]],
-            "failures": [f for p in parts for f in p["failures"]],
+            "runs": list(runs.values()),
+            "failures": [f for name in runs for f in fails[name]],
         }
         args.report.write_text(render(merged))
         return 0
