@@ -730,16 +730,15 @@ def check(results: list[dict], refs: dict[str, dict], quick: bool) -> list[str]:
     return fails
 
 
-def ledger_store_bytes(model, audit: dict | None, block_size: int) -> int | None:
+def ledger_store_bytes(model, audit: dict | None) -> int | None:
     """What the workers must have reported for the stores the ledger
     completed: one block of its group per key (blocks_per_chunk 1)."""
-    if not audit:
-        return None
-    per_group = audit["stored_keys_per_group"]
-    attn = model.attn_page_bytes(block_size)
-    if model.mamba_layers == 0:  # full and sliding window: same page size
-        return sum(per_group.values()) * 2 * attn
-    return None  # the Mamba hybrid's group order is vLLM's choice: not modelled
+    if not audit or model.mamba_layers:
+        return None  # the Mamba hybrid's group order is vLLM's choice: not modelled
+    # Full attention and sliding window: as many layers, the same page.
+    assert model.full_layers == model.swa_layers
+    keys = sum(audit["stored_keys_per_group"].values())
+    return keys * model.full_layers * model.attn_page_bytes()
 
 
 def summarize(res: dict) -> dict:
@@ -850,10 +849,7 @@ def main(argv=None) -> int:
         prompts = Prompts()
         for i, spec in enumerate(s for s in specs if s.model == model_name):
             res = soak_run(spec, model, prompts, args.out, seed=i)
-            block = 32 if model_name == "gemma" else 0
-            res["expected_store_bytes"] = ledger_store_bytes(
-                model, res.get("audit"), block
-            )
+            res["expected_store_bytes"] = ledger_store_bytes(model, res.get("audit"))
             results.append(res)
             print("  " + json.dumps(summarize(res)))
         print(f"  {model_name}: reference for {len(prompts.by_id)} prompts")
