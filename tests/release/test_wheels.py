@@ -23,11 +23,7 @@ import pytest
 import requests
 
 from e2e.engine_utils import SKIPPED_BYTES, STORE_BYTES, predicted_store
-from e2e.test_serve_smoke import (
-    HIT,
-    PROMPT,
-    cached_tokens,
-    engine_interval,
+from e2e.serve_utils import (
     free_port,
     group_processes,
     samples,
@@ -36,6 +32,7 @@ from e2e.test_serve_smoke import (
     stop_group,
     wait_healthy,
 )
+from e2e.test_serve_smoke import HIT, PROMPT, cached_tokens, engine_interval
 from e2e.tiny_models import BLOCK_SIZE, gemma3_hybrid
 from release.conftest import DIST, ROOT
 
