@@ -83,8 +83,25 @@ SHUTDOWN_REQUESTS = 4
 # round by batch shape by up to about 0.05 (shared/notes/e2e-on-cpu.md), so
 # Granite's logprobs are not compared and its ties are wider.
 TIE_MARGIN = {"gemma": LOGPROB_ATOL, "granite": 0.125}
+# bf16 only: under concurrent load no reference has the server's batch
+# shapes, and rounding by shape compounds over a generation, so a bf16
+# request may also part from the reference past a near tie. Such requests
+# fail a run only when they are more than this share of its completed
+# requests: the same load without the connector (--control) parts on 6.1%
+# (20 of 329); loads that write zeros (--corrupt-loads) part far more often.
+# fp32 (Gemma) has no such allowance: every divergence past a tie fails.
+BF16_DIVERGENCE_SHARE = {"granite": 0.15}
 PREEMPTING_CLIENTS = 3  # open with a long generation each: together they
 # need more KV blocks than the engine has, so one is preempted
+# vLLM's fp32 CPU GEMMs are oneDNN primitives, and oneDNN also caches one
+# per (shape, token count) it meets, up to 1,024 (its default capacity): the
+# worker then grows with the distinct batch sizes it serves, for reasons
+# outside the offload path (shared/notes/soak-and-shutdown.md: +816 MiB over
+# 1,000 token counts on the tiny Gemma's shapes, flat with the cache off;
+# Granite's bf16 GEMMs fall back to torch on AVX2 and stay flat). The soak
+# turns that cache off so that its memory bound measures the rest; vLLM's
+# own per-layer caches of oneDNN primitives stay on.
+SERVER_ENV = {"TORCHDYNAMO_DISABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
 MEMORY_WARMUP_FRACTION = 0.25  # of a run's requests before growth is measured
 MEMORY_GROWTH_BOUND_MIB = 64  # per 1,000 requests after warm-up (full runs)
 
@@ -107,11 +124,15 @@ class RunSpec:
     # (to tell divergences from the reference that offloading causes from
     # those of batch-shape rounding); its offload assertions fail by design.
     connector: bool = True
+    # True: a negative control, the connector's loads write zeros instead of
+    # the stored blocks (the output assertions must then fail).
+    corrupt_loads: bool = False
 
     @property
     def name(self) -> str:
         control = "" if self.connector else "-control"
-        return f"{self.model}-{self.retention}-{self.policy}{control}"
+        corrupt = "-corrupt" if self.corrupt_loads else ""
+        return f"{self.model}-{self.retention}-{self.policy}{control}{corrupt}"
 
 
 QUICK = [RunSpec("gemma", 0, "lru", 35)]
@@ -535,6 +556,7 @@ def soak_run(spec: RunSpec, model, prompts: Prompts, out_dir: Path, seed: int):
             cpu_bytes_to_use=CPU_BYTES[spec.model],
             eviction_policy=spec.policy,
             host_copy_audit_path=str(audit_path),
+            **({"host_copy_corrupt_loads": True} if spec.corrupt_loads else {}),
         )
         if spec.connector
         else {}
@@ -549,7 +571,7 @@ def soak_run(spec: RunSpec, model, prompts: Prompts, out_dir: Path, seed: int):
         *extra,
         kv_cache_bytes=KV_CACHE_BYTES[spec.model], kv_transfer=transfer, **kwargs,
     )  # fmt: skip
-    proc = start_server(cmd, serve_env(TORCHDYNAMO_DISABLE="1"), log_path)
+    proc = start_server(cmd, serve_env(**SERVER_ENV), log_path)
     result: dict = {"spec": asdict(spec)}
     records: list[Record] = []
     try:
@@ -571,6 +593,7 @@ def soak_run(spec: RunSpec, model, prompts: Prompts, out_dir: Path, seed: int):
                 k: v for k, v in scrape(base).items() if k.startswith("vllm:")
             }
         result["memory"] = memory_growth(memory, len(records))
+        result["memory_samples"] = memory
         result["cpu_cache_usage_max"] = max(
             (m["cpu_cache_usage"] or 0 for m in memory), default=None
         )
@@ -653,7 +676,8 @@ def check(results: list[dict], refs: dict[str, dict], quick: bool) -> list[str]:
                 fail(f"{r.kind}: error in a 200 stream: {r.error}")
         model = res["spec"]["model"]
         ref, tie = refs[model], TIE_MARGIN[model]
-        gaps, ties = [], 0
+        share = BF16_DIVERGENCE_SHARE.get(model)
+        gaps, ties, parted, completed = [], 0, [], 0
         for r in recs:
             if r.kind.startswith("bad:") or r.aborted or r.status != 200:
                 continue
@@ -661,22 +685,36 @@ def check(results: list[dict], refs: dict[str, dict], quick: bool) -> list[str]:
             if len(r.tokens) != r.max_tokens:
                 fail(f"prompt {r.prompt_id}: {len(r.tokens)} of {r.max_tokens} tokens")
                 continue
+            completed += 1
             same = next(
                 (i for i, (a, b) in enumerate(zip(r.tokens, want.tokens)) if a != b),
                 len(r.tokens),
             )
             if same < len(r.tokens):
                 if want.margins[same] > tie:
-                    fail(
+                    what = (
                         f"prompt {r.prompt_id}: token {same} differs from the "
                         f"reference (its margin {want.margins[same]:.3g} > {tie})"
                     )
+                    if share is None:
+                        fail(what)
+                    else:
+                        parted.append(what)
                     continue
                 ties += 1
             if model == "gemma":  # up to a near tie, where the tokens part
                 pairs = zip(r.logprobs[:same], want.logprobs)
                 gaps.append(max((abs(a - b) for a, b in pairs), default=0.0))
         res["near_tie_divergences"] = ties
+        res["divergences"] = len(parted)
+        res["completed_compared"] = completed
+        if share is not None and len(parted) > share * completed:
+            fail(
+                f"{len(parted)} of {completed} completed requests part from the "
+                f"reference past a near tie (more than {share:.0%})"
+            )
+            for what in parted:
+                fail(what)
         res["max_logprob_gap"] = max(gaps, default=None)
         if gaps and max(gaps) > LOGPROB_ATOL:
             fail(f"logprob gap {max(gaps):.2e} > {LOGPROB_ATOL}")
@@ -770,6 +808,7 @@ def summarize(res: dict) -> dict:
         "p99_s": percentile([r.latency_s for r in done], 0.99),
         "max_logprob_gap": res.get("max_logprob_gap"),
         "near_tie_divergences": res.get("near_tie_divergences"),
+        "divergences": res.get("divergences"),
         "cpu_cache_usage_max": res.get("cpu_cache_usage_max"),
         "memory": res.get("memory"),
         "shutdown": {
@@ -801,6 +840,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", help="runs to keep, e.g. granite-0-lru")
     ap.add_argument(
         "--control", action="store_true", help="the servers run without the connector"
+    )
+    ap.add_argument(
+        "--corrupt-loads",
+        action="store_true",
+        help="negative control: the connector's loads write zeros",
     )
     ap.add_argument(
         "--merge",
@@ -839,6 +883,8 @@ def main(argv=None) -> int:
         specs = [s for s in specs if s.name in args.only]
     if args.control:
         specs = [dataclasses.replace(s, connector=False) for s in specs]
+    if args.corrupt_loads:
+        specs = [dataclasses.replace(s, corrupt_loads=True) for s in specs]
     builders = {"gemma": gemma3_hybrid, "granite": granite_hybrid}
     models = {}
     t_start = time.monotonic()

@@ -26,6 +26,7 @@ RUN_COLUMNS = [
     ("p50 s", "p50_s", 2),
     ("p99 s", "p99_s", 2),
     ("near-tie divergences", "near_tie_divergences", 0),
+    ("other divergences (bf16)", "divergences", 0),
 ]
 
 

