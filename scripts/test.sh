@@ -8,10 +8,10 @@
 # upstream PR series (upstream-pr/) built, checked and tested on 0.32.0
 # (tests/upstream_suites-pr.txt), its apply on 0.33.0 checked against
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
-# Python-only, checked and tested on 0.33.0. Then the wheels
-# (scripts/build_wheels.sh) and their release tests (the CPU wheel in a fresh
-# venv serving, the CUDA wheel's contents, the warm rebuild). Ends with one
-# line "N passed, N failed".
+# Python-only, checked and tested on 0.33.0. After the soak the wheels
+# (scripts/build_wheels.sh), and once both lanes are done their release
+# tests (the CPU wheel in a fresh venv serving, the CUDA wheel's contents,
+# the warm rebuild). Ends with one line "N passed, N failed".
 #
 #   scripts/test.sh          everything (what CI runs)
 #   scripts/test.sh --fast   without the end-to-end engine tests (marker e2e)
@@ -125,6 +125,13 @@ other_bases() {
 other_log=$results/other-bases.log
 other_bases >"$other_log" 2>&1 &
 other_pid=$!
+# If this script stops early (a step that exits), the lane stops with it.
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+trap '[ -z "$other_pid" ] || kill_tree "$other_pid"' EXIT
 log "== other bases (0.32.0, 0.33.0) started beside the pin's suites; log: $other_log"
 
 run_upstream upstream "$PIN_VERSION"
@@ -144,8 +151,14 @@ if [ "$fast" = 0 ]; then
         "$ROOT/scripts/soak.sh" --quick --out "$ROOT/build/soak-quick"
 fi
 
+log "== wheels"
+t0=$(date +%s)
+"$ROOT/scripts/build_wheels.sh"
+log "wheels: built or checked in $(($(date +%s) - t0)) s"
+
 log "== waiting for the other bases"
 wait "$other_pid" || true
+other_pid=
 sed 's/^/[other bases] /' "$other_log"
 # Its reports, by name: one that is missing counts as a failure.
 for base in 0.32.0 0.33.0; do
@@ -153,10 +166,6 @@ for base in 0.32.0 0.33.0; do
     reports+=("$results/build-$base.xml" "$results/series-upstream-pr-$base.xml"
         "$results/upstream-pr-$base.xml")
 done
-log "== wheels"
-t0=$(date +%s)
-"$ROOT/scripts/build_wheels.sh"
-log "wheels: built or checked in $(($(date +%s) - t0)) s"
 # --fast: the wheels' contents and the warm rebuild, not the server.
 run_suite release "$ROOT" tests/release "${markers[@]}"
 
