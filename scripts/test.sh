@@ -123,6 +123,8 @@ other_bases() {
 # busy (pip, mypy, one pytest process): they run beside the pin's suites on
 # the other core, their output in a file printed when they end.
 other_log=$results/other-bases.log
+# Both lanes run vLLM's pre-commit checks from this venv: made once, here.
+"$ROOT/scripts/setup_release_tools.sh" >/dev/null
 other_bases >"$other_log" 2>&1 &
 other_pid=$!
 # If this script stops early (a step that exits), the lane stops with it.
