@@ -8,10 +8,10 @@
 # upstream PR series (upstream-pr/) built, checked and tested on 0.32.0
 # (tests/upstream_suites-pr.txt), its apply on 0.33.0 checked against
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
-# Python-only, checked and tested on 0.33.0. After the soak the wheels
-# (scripts/build_wheels.sh), and once both lanes are done their release
-# tests (the CPU wheel in a fresh venv serving, the CUDA wheel's contents,
-# the warm rebuild). Ends with one line "N passed, N failed".
+# Python-only, checked and tested on 0.33.0. After the soak, in the first
+# lane, the wheels (scripts/build_wheels.sh) and their release tests (the CPU
+# wheel in a fresh venv serving, the CUDA wheel's contents, the warm
+# rebuild). Ends with one line "N passed, N failed".
 #
 #   scripts/test.sh          everything (what CI runs)
 #   scripts/test.sh --fast   without the end-to-end engine tests (marker e2e)
@@ -157,6 +157,8 @@ log "== wheels"
 t0=$(date +%s)
 "$ROOT/scripts/build_wheels.sh"
 log "wheels: built or checked in $(($(date +%s) - t0)) s"
+# --fast: the wheels' contents and the warm rebuild, not the server.
+run_suite release "$ROOT" tests/release "${markers[@]}"
 
 log "== waiting for the other bases"
 wait "$other_pid" || true
@@ -168,8 +170,6 @@ for base in 0.32.0 0.33.0; do
     reports+=("$results/build-$base.xml" "$results/series-upstream-pr-$base.xml"
         "$results/upstream-pr-$base.xml")
 done
-# --fast: the wheels' contents and the warm rebuild, not the server.
-run_suite release "$ROOT" tests/release "${markers[@]}"
 
 log "== summary"
 "$PY" "$ROOT/scripts/summarize_tests.py" "${reports[@]}"
