@@ -47,6 +47,7 @@ for _key, _value in {
 
 from e2e.engine_utils import LOGPROB_ATOL, kv_transfer_config, prompt  # noqa: E402
 from e2e.serve_utils import (  # noqa: E402
+    ServerError,
     free_port,
     group_processes,
     kill_group,
@@ -580,29 +581,35 @@ def soak_run(spec: RunSpec, model, prompts: Prompts, out_dir: Path, seed: int):
     records: list[Record] = []
     try:
         t0 = time.monotonic()
-        wait_healthy(proc, base, log_path)
-        result["startup_s"] = round(time.monotonic() - t0, 1)
-        procs = server_processes(proc)
-        print(
-            f"  {spec.name}: up in {result['startup_s']} s, load {spec.seconds:.0f} s"
-        )
-        records, memory = asyncio.run(
-            load_with_samples(base, procs, prompts, spec, seed)
-        )
-        result["alive_after_load"] = proc.poll() is None
-        result["drained"] = result["alive_after_load"] and wait_drained(base)
-        if result["drained"]:
-            result["audit"] = read_audit(base, audit_path)
-            result["metrics"] = {
-                k: v for k, v in scrape(base).items() if k.startswith("vllm:")
-            }
-        result["memory"] = memory_growth(memory, len(records))
-        result["memory_samples"] = memory
-        result["cpu_cache_usage_max"] = max(
-            (m["cpu_cache_usage"] or 0 for m in memory), default=None
-        )
-        if result["alive_after_load"]:
-            result["shutdown"] = asyncio.run(shutdown_under_load(base, proc))
+        try:
+            wait_healthy(proc, base, log_path)
+        except ServerError as e:
+            # A server that does not start fails its run, not the whole soak.
+            result["startup_error"] = str(e).splitlines()[0]
+            print(f"  {spec.name}: {result['startup_error']}")
+        if "startup_error" not in result:
+            result["startup_s"] = round(time.monotonic() - t0, 1)
+            procs = server_processes(proc)
+            print(
+                f"  {spec.name}: up in {result['startup_s']} s, load {spec.seconds:.0f} s"
+            )
+            records, memory = asyncio.run(
+                load_with_samples(base, procs, prompts, spec, seed)
+            )
+            result["alive_after_load"] = proc.poll() is None
+            result["drained"] = result["alive_after_load"] and wait_drained(base)
+            if result["drained"]:
+                result["audit"] = read_audit(base, audit_path)
+                result["metrics"] = {
+                    k: v for k, v in scrape(base).items() if k.startswith("vllm:")
+                }
+            result["memory"] = memory_growth(memory, len(records))
+            result["memory_samples"] = memory
+            result["cpu_cache_usage_max"] = max(
+                (m["cpu_cache_usage"] or 0 for m in memory), default=None
+            )
+            if result["alive_after_load"]:
+                result["shutdown"] = asyncio.run(shutdown_under_load(base, proc))
     finally:
         kill_group(proc)
     log = read_log(log_path)
@@ -665,6 +672,10 @@ def check(results: list[dict], refs: dict[str, dict], quick: bool) -> list[str]:
 
         def fail(msg, name=name):
             fails.append(f"{name}: {msg}")
+
+        if res.get("startup_error"):
+            fail(f"the server did not start ({res['startup_error']})")
+            continue
 
         if not res.get("alive_after_load"):
             fail("the server died under load")
