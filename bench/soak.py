@@ -97,7 +97,7 @@ PREEMPTING_CLIENTS = 3  # open with a long generation each: together they
 # vLLM's fp32 CPU GEMMs are oneDNN primitives, and oneDNN also caches one
 # per (shape, token count) it meets, up to 1,024 (its default capacity): the
 # worker then grows with the distinct batch sizes it serves, for reasons
-# outside the offload path (shared/notes/soak-and-shutdown.md: +816 MiB over
+# outside the offload path (python -m bench.onednn_cache_rss: +816 MiB over
 # 1,000 token counts on the tiny Gemma's shapes, flat with the cache off;
 # Granite's bf16 GEMMs fall back to torch on AVX2 and stay flat). The soak
 # turns that cache off so that its memory bound measures the rest; vLLM's
@@ -869,6 +869,8 @@ def main(argv=None) -> int:
         "file's run replaces an earlier one's of the same name)",
     )
     args = ap.parse_args(argv)
+    if args.control and args.corrupt_loads:
+        ap.error("--corrupt-loads needs the connector (not with --control)")
     if args.merge:
         from bench.soak_report import render
 
