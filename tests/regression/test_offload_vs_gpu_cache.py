@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The arbiter: at the same retention interval, the sparse offload stores
+serve at least what vLLM's own GPU prefix cache serves, at every sharing
+length, wherever storing every chunk could serve it.
+
+Request A (a prompt) is cached by a KVCacheManager built as vLLM's
+tests/v1/core/test_prefix_caching.py builds one, and stored through the real
+OffloadingConnectorScheduler (offload_sim), once with the retention rule and
+once with every chunk. A request sharing A's first s tokens (s on every chunk
+edge) is then looked up in the GPU prefix cache without allocating
+(get_computed_blocks) and in each offload tier after the GPU prefix cache is
+reset. Unlike test_store_lookup_properties, which lists the GPU cache's
+retained boundaries by hand, the lengths that matter here come from vLLM's
+GPU cache itself.
+
+The bar is min(GPU hit, every-chunk hit): where the GPU serves more than even
+every chunk stored can (it hits in blocks, the offload lookup in chunks, and
+EAGLE drops one of each), the store rule is not what limits the offload tier.
+
+Geometries: test_store_lookup_properties' draws (full attention, MLA, sliding
+window, chunked-local attention; EAGLE on no group or on the sliding-window
+group; intervals None, 0 and k) except:
+- EAGLE on a full-attention group: a known loss of our store rule, pinned by
+  test_eagle_on_full_attention_loses_hits_the_gpu_cache_serves below (issue
+  22); when it is fixed that test fails and the draw must take the case in;
+- a positive interval without a sliding-window group: vLLM refuses it;
+- chunked-local attention only: vLLM's GPU cache "hits" earlier attention
+  chunks without any cached data (nothing attends across them)."""
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from offload_sim import EVERY_CHUNK, groups
+from test_store_lookup_properties import (
+    cases,
+    make_spec,
+    probe_lengths,
+    prompt,
+    simulate,
+    WINDOWED,
+)
+
+from tests.v1.core.test_prefix_caching import make_kv_cache_manager, make_request
+from vllm.utils.hashing import sha256 as vllm_sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.kv_cache_interface import KVCacheConfig
+
+PROBE_TAIL = 40  # fresh tokens after the shared prefix (as probe() adds)
+
+
+def gpu_hits(kv_cache_groups, retention, tokens: list[int], lengths) -> dict[int, int]:
+    """GPU prefix-cache hits of requests sharing ``tokens[:s]``, after a
+    request with ``tokens`` as its prompt was computed and freed."""
+    init_none_hash(vllm_sha256)
+    block = min(g.kv_cache_spec.block_size for g in kv_cache_groups)
+    manager = make_kv_cache_manager(
+        KVCacheConfig(
+            num_blocks=2000, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups
+        ),
+        max_model_len=4096,
+        enable_caching=True,
+        hash_block_size=block,
+        retention_interval=retention,
+        use_eagle=any(g.is_eagle_group for g in kv_cache_groups),
+    )
+    a = make_request("a", tokens, block, vllm_sha256)
+    computed, num_computed, _ = manager.get_computed_blocks(a)
+    assert manager.allocate_slots(a, len(tokens), num_computed, computed) is not None
+    manager.free(a)
+    hits = {}
+    for s in lengths:
+        b = make_request(
+            f"b{s}", tokens[:s] + prompt(PROBE_TAIL, seed=1000 + s), block, vllm_sha256
+        )
+        hits[s] = manager.get_computed_blocks(b)[1]
+    return hits
+
+
+def eagle_on_full_attention(case) -> bool:
+    return any(case["layout"][i][0] in ("full", "mla") for i in case["eagle"])
+
+
+def only_chunked_local(case) -> bool:
+    """A model of chunked-local attention only: vLLM's GPU cache then "hits"
+    the attention chunks before the current one without any cached data
+    (nothing attends across them), which no store can be measured by."""
+    return all(kind == "chunked" for kind, _, _ in case["layout"])
+
+
+def engine_refuses(case) -> bool:
+    """vLLM refuses a positive interval for a model without a sliding-window
+    group (nothing for it to thin): no engine runs such a case."""
+    return bool(case["retention"]) and not any(
+        kind in WINDOWED for kind, _, _ in case["layout"]
+    )
+
+
+def hits_by_sharing_length(case) -> tuple[dict, dict, dict]:
+    """Offload hits with the sparse stores, with every chunk stored, and the
+    GPU prefix cache's hits, at every chunk edge up to A's prompt."""
+    kv_groups = groups(
+        *(make_spec(kind, b, arg) for kind, b, arg in case["layout"]),
+        eagle=case["eagle"],
+    )
+    lengths = [s for s in probe_lengths(case) if s <= case["num_prompt"]]
+    gpu = gpu_hits(kv_groups, case["retention"], prompt(case["num_prompt"]), lengths)
+    sparse = simulate(case, case["retention"])[2]
+    every = simulate(case, EVERY_CHUNK)[2]
+    return (
+        {s: sparse[s] for s in lengths},
+        {s: every[s] for s in lengths},
+        gpu,
+    )
+
+
+@settings(
+    max_examples=int(os.environ.get("FORK_PROPERTY_EXAMPLES", "40")),
+    deadline=None,
+    derandomize="FORK_PROPERTY_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(
+    cases().filter(
+        lambda c: not (
+            eagle_on_full_attention(c) or engine_refuses(c) or only_chunked_local(c)
+        )
+    )
+)
+def test_offload_tier_serves_what_the_gpu_cache_serves(case):
+    sparse, every, gpu = hits_by_sharing_length(case)
+    short = {
+        s: (sparse[s], gpu[s], every[s])
+        for s in gpu
+        if sparse[s] < min(gpu[s], every[s])
+    }
+    assert not short, f"sharing length: (offload, GPU, every chunk) hits {short}"
+
+
+def test_eagle_on_full_attention_loses_hits_the_gpu_cache_serves():
+    """Issue 22's probe: full attention (block 16) and a sliding window of 8
+    (block 4), EAGLE on both, a 101-token prompt, interval 32. The GPU cache
+    and every chunk stored serve 32 tokens to a request sharing 48-60 and 64
+    to one sharing 80-92; our sparse stores serve 16 and 48. Pinned as a
+    known loss until the store rule takes the boundaries from the core (then
+    this fails: drop it and let the draw above take EAGLE on full attention)."""
+    case = dict(
+        layout=[("full", 16, None), ("swa", 4, 8)],
+        eagle=(0, 1),
+        blocks_per_chunk=1,
+        chunks=[16, 4],
+        align=16,
+        peek=4,
+        retention=32,
+        num_prompt=101,
+        offload_prompt_only=True,
+        async_scheduling=False,
+    )
+    sparse, every, gpu = hits_by_sharing_length(case)
+    short = {s: (sparse[s], gpu[s], every[s]) for s in gpu if sparse[s] < gpu[s]}
+    assert short == {
+        **{s: (16, 32, 32) for s in (48, 52, 56, 60)},
+        **{s: (48, 64, 64) for s in (80, 84, 88, 92)},
+    }
