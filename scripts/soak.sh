@@ -21,7 +21,7 @@ source "$(dirname "$0")/lib.sh"
 args=("$@")
 case " $* " in
 *" --quick "* | *" --report "*) ;;
-*) args+=(--report "$ROOT/bench/results/soak.md") ;;
+*) args+=(--report bench/results/soak.md) ;; # relative: it runs from $ROOT
 esac
 # The hub is unreachable: the tiny models are written on the fly.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
