@@ -36,6 +36,7 @@ from test_store_lookup_properties import (
     make_spec,
     probe_lengths,
     prompt,
+    sharing_request,
     simulate,
     WINDOWED,
 )
@@ -44,8 +45,6 @@ from tests.v1.core.test_prefix_caching import make_kv_cache_manager, make_reques
 from vllm.utils.hashing import sha256 as vllm_sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.kv_cache_interface import KVCacheConfig
-
-PROBE_TAIL = 40  # fresh tokens after the shared prefix (as probe() adds)
 
 
 def gpu_hits(kv_cache_groups, retention, tokens: list[int], lengths) -> dict[int, int]:
@@ -69,9 +68,7 @@ def gpu_hits(kv_cache_groups, retention, tokens: list[int], lengths) -> dict[int
     manager.free(a)
     hits = {}
     for s in lengths:
-        b = make_request(
-            f"b{s}", tokens[:s] + prompt(PROBE_TAIL, seed=1000 + s), block, vllm_sha256
-        )
+        b = make_request(f"b{s}", sharing_request(tokens, s), block, vllm_sha256)
         hits[s] = manager.get_computed_blocks(b)[1]
     return hits
 

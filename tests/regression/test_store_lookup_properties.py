@@ -160,9 +160,13 @@ def extension_lengths(case) -> list[int]:
     return [s for s in (first, first + segment) if s < len(extension(case))]
 
 
+def sharing_request(tokens: list[int], s: int) -> list[int]:
+    """A request sharing the first s tokens, then its own."""
+    return tokens[:s] + prompt(40, seed=1000 + s)
+
+
 def probe(sim, stored, case, s: int) -> int:
-    request = stored_sequence(case)[:s] + prompt(40, seed=1000 + s)
-    return sim.probe_hit(request, stored)
+    return sim.probe_hit(sharing_request(stored_sequence(case), s), stored)
 
 
 def simulate(case, retention):
