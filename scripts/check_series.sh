@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Check the patch series without touching upstream/vllm's checkout:
 # every series entry exists, no patch file is left out of the series, each patch
-# carries a Subject, a Signed-off-by and the rebase trailers (Origin,
+# carries a Subject, a Signed-off-by of its author (DCO) and the rebase trailers (Origin,
 # Upstream-Status, Forwarded), new Python files carry an SPDX header, and each
 # patch, applied in order on the base in a scratch worktree, passes ruff (check
 # and format) under the pinned tree's own config on the files it touches, and
@@ -46,6 +46,10 @@ for p in "${entries[@]}"; do
     for trailer in Signed-off-by Origin Upstream-Status Forwarded; do
         grep -q "^$trailer: ..*" <<<"$msg" || errors+=("$p: no $trailer: trailer")
     done
+    # DCO: the author signs off.
+    author=$(sed -n 's/^From: //p' <<<"$msg" | head -n 1)
+    grep -qxF "Signed-off-by: $author" <<<"$msg" ||
+        errors+=("$p: the author ($author) has no Signed-off-by: line")
 done
 
 # Compiled sources: the release's precompiled kernels would be stale.

@@ -17,18 +17,29 @@ trap 'rm -rf "$out"' EXIT
 tgit -c core.abbrev=12 -c diff.noprefix=false format-patch -q --zero-commit \
     --no-signature --no-numbered -o "$out" "$BASE_TAG..HEAD"
 
-# The series file's leading comment lines are kept (upstream-pr/ has its own);
-# a new series gets the pinned series' header.
-header=$(sed -n '/^#/!q;p' "$PATCHES/series" 2>/dev/null || true)
-{
-    if [ -n "$header" ]; then
-        printf '%s\n' "$header"
-    else
+# The series file's comment lines (its header and the headings of its blocks)
+# stay where they are: the n-th patch takes the n-th entry's place. A patch
+# added or dropped moves the entries after it; check the headings then. A
+# series without comments gets the default header.
+mapfile -t new_names < <(cd "$out" && ls -1 -- *.patch 2>/dev/null || true)
+if grep -q '^#' "$PATCHES/series" 2>/dev/null; then
+    awk -v names="${new_names[*]}" '
+        BEGIN { n = split(names, name, " ") }
+        { entry = $0; sub(/#.*/, "", entry); gsub(/[[:space:]]/, "", entry) }
+        entry == "" { print; next }
+        { if (++k <= n) print name[k] }
+        END { for (k++; k <= n; k++) print name[k] }
+    ' "$PATCHES/series" >"$out/series"
+    old_count=$(series_entries | wc -l)
+    [ "$old_count" = "${#new_names[@]}" ] ||
+        log "refresh: $old_count patches before, ${#new_names[@]} now: check that each sits under its heading in patches/series"
+else
+    {
         echo "# The patch series, applied in this order on the pinned base (upstream/vllm.lock)."
         echo "# One file name a line; maintained by scripts/refresh_patches.sh."
-    fi
-    (cd "$out" && ls -1 -- *.patch 2>/dev/null || true)
-} >"$out/series"
+        printf '%s\n' "${new_names[@]}"
+    } >"$out/series"
+fi
 
 # Replace the old series' files with the new ones.
 mkdir -p "$PATCHES"

@@ -16,7 +16,10 @@ come from the code under test.
       retained sharing length r <= s: the GPU prefix cache's replay boundary
       floor((P - 1) / A) * A, P - 1, each multiple of k, each shared exactly
       and with the EAGLE peek chunk (an EAGLE lookup that cannot match the
-      chunk past a boundary falls back one chunk);
+      chunk past a boundary falls back one chunk); and where the GPU cache
+      retains a tail (vLLM's own reachable_boundaries, EAGLE landings
+      included) and each multiple of k, shared as far as a request the GPU
+      cache serves there (plus what its EAGLE groups match past it);
     - a request extending A that hits the GPU prefix cache past A's end
       stores only full attention there; requests sharing the retained
       boundaries past A's end (None, k > 0) hit as the reference (they fall
@@ -34,6 +37,7 @@ series' unit tests and the E2E Granite model."""
 import os
 from collections import Counter
 from math import lcm
+from types import SimpleNamespace
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -41,6 +45,7 @@ from hypothesis import strategies as st
 from offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, groups, swa
 
 from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
+from vllm.v1.core.kv_cache_coordinator import eagle_extent, reachable_boundaries
 from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 from vllm.v1.kv_offload.base import get_offload_group_idx as group_of
 
@@ -133,9 +138,15 @@ def required_lengths(case) -> set[int]:
     if retention is None:
         return set(probe_lengths(case))
     boundaries = {(num_prompt - 1) // case["align"] * case["align"], num_prompt - 1}
-    if retention:
-        boundaries |= set(range(retention, end + 1, retention))
-    shared = {min(b + d, end) for b in boundaries for d in (0, case["peek"])}
+    segments = set(range(retention, end + 1, retention)) if retention else set()
+    shared = {min(b + d, end) for b in boundaries | segments for d in (0, case["peek"])}
+    # Where vLLM's GPU prefix cache retains this prompt's tails (and each
+    # segment), shared as far as a request it serves there.
+    gpu_align = lcm(*(block for _, block, _ in case["layout"]))
+    extent = eagle_extent((case["layout"][i][1] for i in case["eagle"]), gpu_align)
+    request = SimpleNamespace(num_prompt_tokens=num_prompt, shared_prefix_boundary=0)
+    positions = set(reachable_boundaries(request, gpu_align, extent)) | segments
+    shared |= {min(p + extent, end) for p in positions}
     # A later request extending the prompt.
     return (shared | {num_prompt}) - {0}
 

@@ -166,6 +166,26 @@ def test_refresh_round_trip_is_byte_identical(scripts, clone, tmp_path):
         assert (again / name).read_bytes() == (scripts.patches / name).read_bytes()
 
 
+def test_refresh_keeps_the_block_headings(scripts):
+    """The series' comment lines stay in place; a commit added at the end of
+    the tree takes a new line after the last entry."""
+    (scripts.patches / "series").write_text("")
+    make_series(scripts, ("NOTES.txt", "one\n", "Add one"))
+    (first,) = series_names(scripts.patches)
+    (scripts.patches / "series").write_text(
+        f"# header\n\n# (a) fixes\n{first}\n\n# (b) backports\n"
+    )
+    assert scripts.run("apply_series.sh").returncode == 0
+    commit(scripts.tree, "docs/NOTES.md", "two\n", "Add two")
+    r = scripts.run("refresh_patches.sh")
+    assert r.returncode == 0, r.stderr
+    assert "check that each sits under its heading" in r.stderr
+    first, second = series_names(scripts.patches)
+    assert (scripts.patches / "series").read_text() == (
+        f"# header\n\n# (a) fixes\n{first}\n\n# (b) backports\n{second}\n"
+    )
+
+
 def test_check_series_reports_each_defect(scripts):
     make_series(
         scripts,
@@ -182,6 +202,7 @@ def test_check_series_reports_each_defect(scripts):
     r = scripts.run("check_series.sh")
     assert r.returncode != 0
     assert f"{names[0]}: no Signed-off-by" in r.stderr
+    assert f"{names[0]}: the author (Test <test@example.invalid>) has no" in r.stderr
     assert "9999-orphan.patch: not listed in series" in r.stderr
     assert "0042-missing.patch: named in series but missing" in r.stderr
 
@@ -190,7 +211,8 @@ def test_check_series_reports_each_defect(scripts):
     (scripts.patches / "series").write_text("\n".join(names) + "\n")
     first.write_text(
         first.read_text().replace(
-            "Forwarded: no\n", "Forwarded: no\nSigned-off-by: T <t@example.invalid>\n"
+            "Forwarded: no\n",
+            "Forwarded: no\nSigned-off-by: Test <test@example.invalid>\n",
         )
     )
     r = scripts.run("check_series.sh")
