@@ -39,6 +39,11 @@ TREE=${FORK_TREE:-$base_tree}
 DOWNLOADS=${FORK_DOWNLOADS:-$ROOT/upstream/downloads}
 VENV=${FORK_VENV:-$base_venv}
 PY=$VENV/bin/python
+# Another base takes another series: say which, once per command.
+if [ "$PATCHES" != "$ROOT/patches" ] && [ -z "${FORK_SERIES_SAID:-}" ]; then
+    echo "[fork] vLLM ${FORK_BASE:-$PIN_VERSION}: series ${PATCHES#"$ROOT"/}/ (not the fork's patches/)" >&2
+    export FORK_SERIES_SAID=1
+fi
 unset base_lock base_tree base_venv base_patches
 
 [ -f "$LOCK" ] || { echo "error: lock file $LOCK is missing" >&2; exit 1; }

@@ -90,6 +90,16 @@ def test_base_derives_its_paths(root, base):
 
 
 @pytest.mark.parametrize("base", BASES)
+def test_another_base_says_which_series_it_takes(root, base):
+    """Another base takes another series than the fork's patches/: every
+    command says so once (a child script sourcing lib.sh again does not)."""
+    r = lib(root, 'bash -c "source $1"', FORK_BASE=base)
+    assert r.returncode == 0
+    assert r.stderr == f"[fork] vLLM {base}: series upstream-pr/ (not the fork's patches/)\n"
+    assert lib(root, "true").stderr == ""
+
+
+@pytest.mark.parametrize("base", BASES)
 def test_a_rebase_onto_the_base_is_its_series(root, base):
     """upstream-pr/<base>/ (the series rebased onto that base) wins over
     upstream-pr/ once it has a series file; FORK_PATCHES still overrides."""
