@@ -9,10 +9,12 @@ A's replay, or a request sharing A's first s tokens and then diverging. The
 "every-chunk" column is the same tree with the store masks switched off
 (every complete chunk stored): the reference a sparse store must match.
 
-    PYTHONPATH=TREE python -m bench.replay_cases --tree TREE [--markdown]
+    PYTHONPATH=TREE python -m bench.replay_cases --tree TREE [--before TABLE]
 
 TREE: a vLLM source tree with its tests/ (stock 0.32.0, 0.32.0 + upstream-pr/,
-or 0.29.0 + patches/). Run from the repository root (for the bench package)
+or 0.29.0 + patches/); TABLE: this script's output on another tree (e.g.
+the stock base), shown as "before -> after" where a cell changed. Run from
+the repository root (for the bench package)
 with the tree's venv; VLLM_TARGET_DEVICE=cpu and an offline hub cache are
 set here when unset (tests/fixtures/hf is served as the hub cache).
 """
@@ -205,7 +207,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", type=Path, required=True)
     parser.add_argument("--cases", nargs="*", default=sorted(CASES))
+    parser.add_argument(
+        "--before", type=Path, help="this script's table on another tree"
+    )
     args = parser.parse_args()
+    before: dict[tuple[str, str], list[str]] = {}
+    if args.before:
+        for line in args.before.read_text().splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == len(SETTINGS) + 2 and cells[2].isdigit():
+                before[(cells[0], cells[1])] = cells[2:]
     _setup_env(args.tree.resolve())
     import logging
 
@@ -218,7 +229,13 @@ def main() -> None:
         per_setting = [case_hits(case, s) for s in SETTINGS]
         for i, probe in enumerate(case[-1]):
             label = "replay" if probe == "replay" else f"share {probe}"
-            cells = " | ".join(str(h[i]) for h in per_setting)
+            old = before.get((name, label), [])
+            cells = " | ".join(
+                f"**{old[j]} → {h[i]}**"
+                if j < len(old) and old[j] != str(h[i])
+                else str(h[i])
+                for j, h in enumerate(per_setting)
+            )
             print(f"| {name} | {label} | {cells} |", flush=True)
 
 
