@@ -28,9 +28,13 @@ def read_lock(path: Path = ROOT / "upstream" / "vllm.lock") -> dict[str, str]:
 LOCK = read_lock()
 
 
-def git(tree: Path, *args: str) -> str:
+def git(tree: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(
-        ["git", "-C", str(tree), *args], check=True, capture_output=True, text=True
+        ["git", "-C", str(tree), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
     ).stdout.strip()
 
 
@@ -108,14 +112,18 @@ def commit(
             "Forwarded: no",
             "Signed-off-by: Test <test@example.invalid>",
         ]
+    # The author signs off, whatever identity the caller's environment sets
+    # (scripts/test.sh exports the series' fixed one).
+    test_identity = {"NAME": "Test", "EMAIL": "test@example.invalid"}
     git(
         tree,
-        "-c",
-        "user.name=Test",
-        "-c",
-        "user.email=test@example.invalid",
         "commit",
         "-q",
         "-m",
         "\n".join(body),
+        env={
+            f"GIT_{who}_{key}": value
+            for who in ("AUTHOR", "COMMITTER")
+            for key, value in test_identity.items()
+        },
     )
