@@ -3,7 +3,8 @@
 #
 #   FORK_BASE=0.32.0 scripts/export_upstream_pr.sh [OUT]   (default build/upstream-pr)
 #
-#   OUT/NNNN-*.patch    the branch as `git format-patch`, with a cover letter
+#   OUT/NNNN-*.patch    the branch as `git format-patch`, with a cover letter,
+#                       without the fork's rebase trailers (Origin, ...)
 #   OUT/PR.md           the PR description in the base's own template
 #                       (.github/PULL_REQUEST_TEMPLATE.md), its numbers measured
 #                       on the base: bench/results/<base>/summary.json (stock vs
@@ -41,5 +42,9 @@ text = letter.read_text().replace("*** SUBJECT HERE ***", title.strip(), 1)
 letter.write_text(text.replace("*** BLURB HERE ***", blurb.strip(), 1))
 PYEOF
 rm "$out/cover.txt"
+# The rebase trailers are the fork's bookkeeping, not upstream's: drop them
+# from the messages (everything before the first "---").
+sed -i '1,/^---$/{/^\(Origin\|Upstream-Status\|Forwarded\): /d}' "$out"/0*.patch
+grep -l '^Signed-off-by: ' "$out"/0*-*.patch >/dev/null || die "exported patches lost their Signed-off-by"
 log "export: $n patches + cover letter and PR.md in $out"
 ls -1 "$out" >&2
