@@ -1,10 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A store-then-lookup simulation over the real OffloadingConnectorScheduler.
+"""A store-then-lookup simulation over the real OffloadingConnectorScheduler:
+the one harness of the regression tests (tests/regression) and the defect
+cases (bench/replay_cases.py).
 
 Request A runs to completion and its chunks are stored into an in-memory set;
 then the GPU prefix cache is reset and request B is looked up against that set.
-The offloading manager is vLLM's test mock, answering from the set."""
+The offloading manager is vLLM's test mock, answering from the set. It runs
+on the vLLM tree first on sys.path: the fork (0.29.0 + patches/), or another
+base with or without upstream-pr/ (e.g. stock 0.32.0)."""
 
+import importlib
+import inspect
 from contextlib import nullcontext
 from unittest import mock
 
@@ -25,30 +31,21 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, get_offload_group_idx
 
 
+def _layer(block_size: int) -> dict:
+    """One tiny layer: the specs' sizes do not matter to the scheduler."""
+    return dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
 def full(block_size: int) -> FullAttentionSpec:
-    return FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
+    return FullAttentionSpec(**_layer(block_size))
 
 
 def swa(block_size: int, window: int) -> SlidingWindowSpec:
-    return SlidingWindowSpec(
-        block_size=block_size,
-        num_kv_heads=1,
-        head_size=1,
-        dtype=torch.float32,
-        sliding_window=window,
-    )
+    return SlidingWindowSpec(**_layer(block_size), sliding_window=window)
 
 
 def chunked_local(block_size: int, chunk: int) -> ChunkedLocalAttentionSpec:
-    return ChunkedLocalAttentionSpec(
-        block_size=block_size,
-        num_kv_heads=1,
-        head_size=1,
-        dtype=torch.float32,
-        attention_chunk_size=chunk,
-    )
+    return ChunkedLocalAttentionSpec(**_layer(block_size), attention_chunk_size=chunk)
 
 
 def groups(*specs, eagle: tuple[int, ...] = ()) -> list[KVCacheGroupSpec]:
@@ -60,10 +57,34 @@ def groups(*specs, eagle: tuple[int, ...] = ()) -> list[KVCacheGroupSpec]:
 
 # Retention setting of the reference that stores every chunk (no mask at all).
 EVERY_CHUNK = "every-chunk"
-_MASK = (
-    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler."
-    "reachable_chunk_mask"
-)
+_SCHED = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+
+
+def _no_masks():
+    """Switch the store masks off: every complete chunk is stored."""
+    sched = importlib.import_module(_SCHED)
+    if hasattr(sched, "reachable_chunk_mask"):
+        return mock.patch(f"{_SCHED}.reachable_chunk_mask", return_value=None)
+    # Stock 0.32.0: the masks come from one scheduler method.
+    return mock.patch.object(
+        sched.OffloadingConnectorScheduler,
+        "_reachable_store_block_mask",
+        return_value=None,
+    )
+
+
+def _retention_kwargs(retention: int | None) -> dict:
+    """The retention keyword of the tree's RequestRunner (0.32.0:
+    retention_interval, the 0.29.0 fork: prefix_cache_retention_interval)."""
+    params = inspect.signature(RequestRunner).parameters
+    for name in ("retention_interval", "prefix_cache_retention_interval"):
+        if name in params:
+            return {name: retention}
+    if retention is not None:
+        raise SystemExit("this tree's RequestRunner takes no retention interval")
+    return {}
+
+
 _SAFETENSORS_METADATA = "vllm.transformers_utils.config.try_get_safetensors_metadata"
 
 
@@ -98,7 +119,7 @@ class OffloadSim:
                 async_scheduling=async_scheduling,
                 kv_cache_groups=kv_cache_groups,
                 extra_config_overrides={"offload_prompt_only": offload_prompt_only},
-                prefix_cache_retention_interval=retention,
+                **_retention_kwargs(retention),
             )
         self.stored: set[OffloadKey] = set()
         self.looked_up_hits: set[OffloadKey] = set()
@@ -110,8 +131,8 @@ class OffloadSim:
         connector = self.runner.connector_scheduler
         matched = connector.get_num_new_matched_tokens
 
-        def record_hit(request, num_computed_tokens):
-            result = matched(request, num_computed_tokens)
+        def record_hit(request, num_computed_tokens, **kwargs):
+            result = matched(request, num_computed_tokens, **kwargs)
             self.hits.append(result[0])
             return result
 
@@ -134,8 +155,7 @@ class OffloadSim:
         self.runner.new_request(
             token_ids=token_ids, kv_transfer_params=kv_transfer_params
         )
-        no_mask = mock.patch(_MASK, return_value=None)
-        with no_mask if self.every_chunk else nullcontext():
+        with _no_masks() if self.every_chunk else nullcontext():
             self.runner._run(decoded_tokens=[EOS_TOKEN_ID], complete_transfers=True)
         assert self.hits, "the connector was never asked for matched tokens"
         return self.hits[0] or 0

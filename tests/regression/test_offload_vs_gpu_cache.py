@@ -5,9 +5,9 @@ length, wherever storing every chunk could serve it.
 
 Request A (a prompt) is cached by a KVCacheManager built as vLLM's
 tests/v1/core/test_prefix_caching.py builds one, and stored through the real
-OffloadingConnectorScheduler (offload_sim), once with the retention rule and
-once with every chunk. A request sharing A's first s tokens (s on every chunk
-edge) is then looked up in the GPU prefix cache without allocating
+OffloadingConnectorScheduler (bench/offload_sim.py), once with the retention
+rule and once with every chunk. A request sharing A's first s tokens (s on
+every chunk edge) is then looked up in the GPU prefix cache without allocating
 (get_computed_blocks) and in each offload tier after the GPU prefix cache is
 reset. Unlike test_store_lookup_properties, which lists the GPU cache's
 retained boundaries by hand, the lengths that matter here come from vLLM's
@@ -28,7 +28,7 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from offload_sim import EVERY_CHUNK, groups
+from bench.offload_sim import EVERY_CHUNK, groups
 from test_store_lookup_properties import (
     cases,
     make_spec,

@@ -8,7 +8,7 @@
     hits."""
 
 import pytest
-from offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, groups, swa
+from bench.offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, groups, swa
 
 from vllm.v1.kv_offload.base import get_offload_group_idx as group_of
 

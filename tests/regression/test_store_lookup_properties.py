@@ -42,7 +42,7 @@ from types import SimpleNamespace
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, groups, swa
+from bench.offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, groups, swa
 
 from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
 from vllm.v1.core.kv_cache_coordinator import eagle_extent, reachable_boundaries
