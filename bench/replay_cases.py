@@ -3,9 +3,10 @@
 
 Request A is stored through the real OffloadingConnectorScheduler
 (bench/offload_sim.py over the tree under test: vLLM's RequestRunner, a
-mocked offloading manager answering from an in-memory set); then, one at a time and against exactly
-what A stored, the GPU prefix cache is reset and a request B is looked up:
-A's replay, or a request sharing A's first s tokens and then diverging. The
+mocked offloading manager answering from an in-memory set); then, one at a
+time and against exactly what A stored, the GPU prefix cache is reset and a
+request B is looked up: A's replay, or a request sharing A's first s tokens
+and then diverging. The
 "every-chunk" column is the same tree with the store masks switched off
 (every complete chunk stored): the reference a sparse store must match.
 
