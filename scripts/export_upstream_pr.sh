@@ -45,6 +45,7 @@ rm "$out/cover.txt"
 # The rebase trailers are the fork's bookkeeping, not upstream's: drop them
 # from the messages (everything before the first "---").
 sed -i '1,/^---$/{/^\(Origin\|Upstream-Status\|Forwarded\): /d}' "$out"/0*.patch
-grep -l '^Signed-off-by: ' "$out"/0*-*.patch >/dev/null || die "exported patches lost their Signed-off-by"
+missing=$(grep -L '^Signed-off-by: ' "$out"/0*-*.patch | grep -v /0000-cover-letter.patch || true)
+[ -z "$missing" ] || die "exported patches without a Signed-off-by: $missing"
 log "export: $n patches + cover letter and PR.md in $out"
 ls -1 "$out" >&2
