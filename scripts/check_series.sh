@@ -46,8 +46,9 @@ for p in "${entries[@]}"; do
     for trailer in Signed-off-by Origin Upstream-Status Forwarded; do
         grep -q "^$trailer: ..*" <<<"$msg" || errors+=("$p: no $trailer: trailer")
     done
-    # DCO: the author signs off.
-    author=$(sed -n 's/^From: //p' <<<"$msg" | head -n 1)
+    # DCO: the author signs off. The author as git am reads it (a folded
+    # From: header would otherwise pass on its first line).
+    author=$(git mailinfo /dev/null /dev/null <"$f" | sed -n 's/^Author: //p; s/^Email: \(.*\)/<\1>/p' | paste -sd' ')
     grep -qxF "Signed-off-by: $author" <<<"$msg" ||
         errors+=("$p: the author ($author) has no Signed-off-by: line")
 done

@@ -195,6 +195,16 @@ def test_check_series_reports_each_defect(scripts):
     names = series_names(scripts.patches)
     first = scripts.patches / names[0]
     first.write_text(re.sub(r"^Signed-off-by: .*\n", "", first.read_text(), flags=re.M))
+    # A folded From: header whose first line matches the sign-off: git am
+    # reads another author from it.
+    second = scripts.patches / names[1]
+    second.write_text(
+        second.read_text().replace(
+            "From: Test <test@example.invalid>\n",
+            "From: Test <test@example.invalid>\n <other@example.invalid>\n",
+            1,
+        )
+    )
     (scripts.patches / "9999-orphan.patch").write_text("")
     with (scripts.patches / "series").open("a") as f:
         f.write("0042-missing.patch\n")
@@ -203,12 +213,14 @@ def test_check_series_reports_each_defect(scripts):
     assert r.returncode != 0
     assert f"{names[0]}: no Signed-off-by" in r.stderr
     assert f"{names[0]}: the author (Test <test@example.invalid>) has no" in r.stderr
+    assert f"{names[1]}: the author (test@example.invalid <test@example.invalid>)" in r.stderr
     assert "9999-orphan.patch: not listed in series" in r.stderr
     assert "0042-missing.patch: named in series but missing" in r.stderr
 
     # With the bookkeeping fixed, the per-patch checks run and catch patch 2.
     (scripts.patches / "9999-orphan.patch").unlink()
     (scripts.patches / "series").write_text("\n".join(names) + "\n")
+    second.write_text(second.read_text().replace(" <other@example.invalid>\n", "", 1))
     first.write_text(
         first.read_text().replace(
             "Forwarded: no\n",
