@@ -829,7 +829,7 @@ def summarize(res: dict) -> dict:
         "keys_evicted": counts.get("keys_evicted", 0),
         "stores_refused": counts.get("stores_refused", 0),
         "store_bytes": m.get("vllm:kv_offload_store_bytes_total"),
-        "skipped_bytes": m.get("vllm:kv_offload_store_skipped_bytes_total"),
+        "skipped_bytes": m.get("vllm:kv_offload_retention_skipped_bytes_total"),
         "p50_s": percentile([r.latency_s for r in done], 0.5),
         "p99_s": percentile([r.latency_s for r in done], 0.99),
         "max_logprob_gap": res.get("max_logprob_gap"),

@@ -19,8 +19,8 @@ STORE_BYTES = "vllm:kv_offload_store_bytes"
 LOAD_BYTES = "vllm:kv_offload_load_bytes"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
 # From the series' metrics patch: what the retention mask dropped.
-SKIPPED_BLOCKS = "vllm:kv_offload_store_skipped_blocks"
-SKIPPED_BYTES = "vllm:kv_offload_store_skipped_bytes"
+SKIPPED_BLOCKS = "vllm:kv_offload_retention_skipped_blocks"
+SKIPPED_BYTES = "vllm:kv_offload_retention_skipped_bytes"
 
 # Logprobs of an offload hit and of a reference that computed the same tokens
 # in the same batches (only the source of the reused prefix differs) agree to

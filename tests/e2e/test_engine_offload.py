@@ -274,7 +274,7 @@ def test_mamba_store_bytes_follow_retention_interval(runs, granite, record_prope
 
 @pytest.mark.parametrize("interval", [None, 0, 512])
 def test_skipped_counters_report_what_the_mask_dropped(runs, gemma_hybrid, interval):
-    """Series metrics patch: vllm:kv_offload_store_skipped_blocks / _bytes
+    """Series metrics patch: vllm:kv_offload_retention_skipped_blocks / _bytes
     count the KV blocks (and their bytes, as store_bytes would have counted
     them) that retention kept out of the store: stored + skipped = dense."""
     r = run(runs, gemma_hybrid, interval)
