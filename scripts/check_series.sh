@@ -2,7 +2,8 @@
 # Check the patch series without touching upstream/vllm's checkout:
 # every series entry exists, no patch file is left out of the series, each patch
 # carries a Subject, a Signed-off-by of its author (DCO) and the rebase trailers (Origin,
-# Upstream-Status, Forwarded), new Python files carry an SPDX header, and each
+# Upstream-Status, Forwarded; a patch under the series' "(b)" heading names the
+# upstream PR it backports in Origin), new Python files carry an SPDX header, and each
 # patch, applied in order on the base in a scratch worktree, passes ruff (check
 # and format) under the pinned tree's own config on the files it touches, and
 # no patch changes compiled sources unless FORK_BUILD_KERNELS=1 (lib.sh).
@@ -46,6 +47,11 @@ for p in "${entries[@]}"; do
     for trailer in Signed-off-by Origin Upstream-Status Forwarded; do
         grep -q "^$trailer: ..*" <<<"$msg" || errors+=("$p: no $trailer: trailer")
     done
+    # A backport names the merged upstream PR it carries (DEP-3 Origin).
+    if [ "$(series_block "$p")" = b ] &&
+        ! grep -q '^Origin: backport, https://github.com/vllm-project/vllm/pull/[0-9]' <<<"$msg"; then
+        errors+=("$p: in block (b) (backports) but its Origin: is not 'backport, <upstream PR URL>'")
+    fi
     # DCO: the author signs off. The author as git am reads it (a folded
     # From: header would otherwise pass on its first line).
     author=$(git mailinfo /dev/null /dev/null <"$f" | sed -n 's/^Author: //p; s/^Email: \(.*\)/<\1>/p' | paste -sd' ')

@@ -74,6 +74,17 @@ series_entries() {
     sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$PATCHES/series" | grep -v '^$' || true
 }
 
+# series_block ENTRY: the letter of the "# (x) ..." heading ENTRY sits under in
+# the series file (empty when the series has no such headings).
+series_block() {
+    [ -f "$PATCHES/series" ] || return 0
+    awk -v want="$1" '
+        /^#[[:space:]]*\([a-z]\)/ { match($0, /\([a-z]\)/); block = substr($0, RSTART + 1, 1); next }
+        { entry = $0; sub(/#.*/, "", entry); gsub(/[[:space:]]/, "", entry) }
+        entry == want { print block; exit }
+    ' "$PATCHES/series"
+}
+
 # sha256 of the series file plus every patch it names, in order.
 series_fingerprint() {
     {

@@ -236,6 +236,30 @@ def test_check_series_reports_each_defect(scripts):
     assert not git(scripts.tree, "worktree", "list").count("\n")  # scratch removed
 
 
+def test_check_series_wants_the_pr_a_backport_carries(scripts):
+    """A patch under the series' (b) heading names the upstream PR it
+    backports in its Origin: trailer (DEP-3), so a rebase can tell when
+    to drop it."""
+    make_series(
+        scripts,
+        ("vllm/fork_ok.py", "# SPDX-License-Identifier: Apache-2.0\nX = 1\n", "Good"),
+    )
+    (name,) = series_names(scripts.patches)
+    (scripts.patches / "series").write_text(f"# (b) backports\n{name}\n")
+    r = scripts.run("check_series.sh")
+    assert r.returncode != 0
+    assert f"{name}: in block (b) (backports) but its Origin:" in r.stderr
+    patch = scripts.patches / name
+    patch.write_text(
+        patch.read_text().replace(
+            "Origin: vendor",
+            "Origin: backport, https://github.com/vllm-project/vllm/pull/51886",
+        )
+    )
+    r = scripts.run("check_series.sh")
+    assert r.returncode == 0, r.stderr
+
+
 def test_hash_mismatch_saves_nothing(tmp_path):
     lock = tmp_path / "vllm.lock"
     wrong = "0" * 64
