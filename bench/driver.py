@@ -139,11 +139,20 @@ def build_scheduler(
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
-        get_kv_cache_configs,
         get_request_block_hasher,
         init_none_hash,
         resolve_kv_cache_block_sizes,
     )
+
+    try:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    except ImportError:  # 0.33.0: the planning module, given the global groups
+
+        def get_kv_cache_configs(config, specs, memory):
+            from vllm.v1.core import kv_cache_planning as planning
+
+            groups = planning.get_global_kv_cache_groups(config, specs)
+            return planning.get_kv_cache_configs(config, specs, memory, groups)
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 

@@ -236,6 +236,7 @@ def granite_4_0_h_1b() -> Geometry:
     # lcm(mamba chunk, FlashAttention's 16-token kernel block alignment)
     chunk = math.lcm(c["mamba_chunk_size"], 16)
     block = chunk * cdiv(cdiv(mamba_page.page_size_bytes, attn.page_size_bytes), chunk)
+    mode = mamba_prefix_cache_mode()
     specs = {}
     for i, kind in enumerate(c["layer_types"]):
         if kind == "attention":
@@ -247,16 +248,26 @@ def granite_4_0_h_1b() -> Geometry:
             specs[f"model.layers.{i}.mamba"] = MambaSpec(
                 shapes=shapes, dtypes=(dtype, dtype), block_size=block,
                 page_size_padded=block * attn.page_size_bytes,
-                mamba_cache_mode="all",
+                mamba_cache_mode=mode,
             )  # fmt: skip
     return Geometry(
         name="granite-4.0-h-1b",
-        source="ibm-granite/granite-4.0-h-1b config.json; bf16, --mamba-cache-mode all",
+        source=f"ibm-granite/granite-4.0-h-1b config.json; bf16, --mamba-cache-mode {mode}",
         block_size=block,
-        mamba_cache_mode="all",
+        mamba_cache_mode=mode,
         mamba_block_size=block,
         specs=specs,
     )
+
+
+def mamba_prefix_cache_mode() -> str:
+    """--mamba-cache-mode all (every block-aligned state) where the base has
+    it (0.29.0); 0.32.0 and later keep align only."""
+    from typing import get_args
+
+    from vllm.config.cache import MambaCacheMode
+
+    return "all" if "all" in get_args(MambaCacheMode) else "align"
 
 
 BUILDERS = {

@@ -41,4 +41,4 @@ cd "$ROOT"
 # A tree imported from source picks the CPU platform by this (no +cpu wheel).
 export VLLM_TARGET_DEVICE=cpu
 exec "$PY" -m bench.run --stock-tree "$stock/vllm" --fork-tree "$TREE" \
-    --out "$out" --series "$(basename "$PATCHES")/" "${mode[@]}"
+    --out "$out" --series "${PATCHES#"$ROOT"/}/" "${mode[@]}"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Write what a maintainer pastes into GitHub to send upstream-pr/ to vLLM:
 #
-#   FORK_BASE=0.32.0 scripts/export_upstream_pr.sh [OUT]   (default build/upstream-pr)
+#   FORK_BASE=0.33.0 scripts/export_upstream_pr.sh [OUT]   (default build/upstream-pr)
+#
+# 0.33.0 (upstream-pr/0.33.0/, the newest release) is the base the PR is sent
+# on; FORK_BASE=0.32.0 exports the same commits on 0.32.0.
 #
 #   OUT/NNNN-*.patch    the branch as `git format-patch`, with a cover letter,
 #                       without the fork's rebase trailers (Origin, ...)
 #   OUT/PR.md           the PR description in the base's own template
 #                       (.github/PULL_REQUEST_TEMPLATE.md), its numbers measured
 #                       on the base: bench/results/<base>/summary.json (stock vs
-#                       stock + series, one run), upstream-pr/replay_cases.md,
+#                       stock + series, one run), the series' replay_cases.md,
 #                       and the test command's JUnit reports when present
 #
 # The narrative lives in upstream-pr/description.md (one section per template
@@ -24,7 +27,8 @@ n=$(series_entries | wc -l)
 rm -rf "$out"
 mkdir -p "$out"
 "$PY" "$ROOT/scripts/render_pr_description.py" --base "$VLLM_VERSION" --tree "$TREE" \
-    --description "$PATCHES/description.md" --results "$ROOT/build/test-results" \
+    --description "$ROOT/upstream-pr/description.md" --replay-cases "$PATCHES/replay_cases.md" \
+    --results "$ROOT/build/test-results" \
     --out "$out/PR.md" --cover "$out/cover.txt"
 # Cover letter: the PR title as subject, its overview as the blurb, from
 # the patches' author.

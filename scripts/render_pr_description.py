@@ -95,11 +95,21 @@ def tests_table(results: Path, base: str) -> str:
     return "\n".join(rows)
 
 
+def replay_cases(path: Path) -> str:
+    if not path.exists():
+        raise SystemExit(
+            f"{path} is missing: run bench/replay_cases.py on the base's stock tree "
+            "and its series tree (the command is in upstream-pr/replay_cases.md)"
+        )
+    return path.read_text()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base", required=True)
     parser.add_argument("--tree", type=Path, required=True)
     parser.add_argument("--description", type=Path, required=True)
+    parser.add_argument("--replay-cases", type=Path, required=True)
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cover", type=Path, required=True)
@@ -111,9 +121,7 @@ def main() -> None:
         "bench": bench_table(args.base),
         "capacity": capacity_table(args.base),
         # Its own title would be a second H1 inside the description.
-        "replay_cases": re.sub(
-            r"\A# .*\n+", "", (args.description.parent / "replay_cases.md").read_text()
-        ).strip(),
+        "replay_cases": re.sub(r"\A# .*\n+", "", replay_cases(args.replay_cases)).strip(),
         "tests": tests_table(args.results, args.base),
     }
     for heading, body in ours.items():
