@@ -9,6 +9,7 @@ The offloading manager is vLLM's test mock, answering from the set. It runs
 on the vLLM tree first on sys.path: the fork (0.29.0 + patches/), or another
 base with or without upstream-pr/ (e.g. stock 0.32.0)."""
 
+import functools
 import importlib
 import inspect
 from contextlib import nullcontext
@@ -22,13 +23,16 @@ from tests.v1.kv_connector.unit.offloading_connector.utils import (
     generate_store_output,
 )
 from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
+from vllm import SamplingParams
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
+    KVCacheConfig,
     KVCacheGroupSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, get_offload_group_idx
+from vllm.v1.request import Request
 
 
 def _layer(block_size: int) -> dict:
@@ -57,6 +61,8 @@ def groups(*specs, eagle: tuple[int, ...] = ()) -> list[KVCacheGroupSpec]:
 
 # Retention setting of the reference that stores every chunk (no mask at all).
 EVERY_CHUNK = "every-chunk"
+# OffloadSim's default GPU prefix-cache interval: the engine setting's.
+AS_ENGINE = "as-engine"
 _SCHED = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 
 
@@ -86,11 +92,30 @@ def _retention_kwargs(retention: int | None) -> dict:
 
 
 _SAFETENSORS_METADATA = "vllm.transformers_utils.config.try_get_safetensors_metadata"
+_RUNNER_MODULE = "tests.v1.kv_connector.unit.offloading_connector.utils"
+
+
+def _gpu_retention(retention: int | None):
+    """RequestRunner builds its KVCacheConfig by hand, without the interval,
+    so its GPU prefix cache would keep every block whatever the connector is
+    told; an engine (get_kv_cache_configs) runs it at the interval. Where the
+    GPU cache is sparse, a later request finds a shared-prefix junction and
+    stores its tail: give the runner's GPU cache the interval."""
+    if (
+        "prefix_cache_retention_interval"
+        not in inspect.signature(KVCacheConfig).parameters
+    ):
+        return nullcontext()  # a base without sparse retention
+    return mock.patch(
+        f"{_RUNNER_MODULE}.KVCacheConfig",
+        functools.partial(KVCacheConfig, prefix_cache_retention_interval=retention),
+    )
 
 
 class OffloadSim:
     """``retention``: None / 0 / k as the engine setting, or EVERY_CHUNK for a
-    reference whose stores skip nothing."""
+    reference whose stores skip nothing. ``gpu_retention``: the GPU prefix
+    cache's interval (default: the engine setting; None for EVERY_CHUNK)."""
 
     def __init__(
         self,
@@ -99,6 +124,7 @@ class OffloadSim:
         offload_prompt_only: bool = True,
         blocks_per_chunk: int = 1,
         async_scheduling: bool = False,
+        gpu_retention: int | None | str = AS_ENGINE,
     ):
         self.every_chunk = retention == EVERY_CHUNK
         self.full_attention_groups = {
@@ -108,10 +134,15 @@ class OffloadSim:
         }
         if self.every_chunk:
             retention = None
+        if gpu_retention == AS_ENGINE:
+            gpu_retention = retention
         block_size = min(g.kv_cache_spec.block_size for g in kv_cache_groups)
         # Offline, the hub client retries the weights metadata with a sleep
         # before giving up; its answer (none) is known here.
-        with mock.patch(_SAFETENSORS_METADATA, return_value=None):
+        with (
+            mock.patch(_SAFETENSORS_METADATA, return_value=None),
+            _gpu_retention(gpu_retention),
+        ):
             self.runner = RequestRunner(
                 block_size=block_size,
                 blocks_per_chunk=blocks_per_chunk,
@@ -159,6 +190,23 @@ class OffloadSim:
             self.runner._run(decoded_tokens=[EOS_TOKEN_ID], complete_transfers=True)
         assert self.hits, "the connector was never asked for matched tokens"
         return self.hits[0] or 0
+
+    def gpu_lookup(self, token_ids: list[int]) -> tuple[int, int]:
+        """What the GPU prefix cache holds now for a new request with these
+        tokens, without allocating: its hit tokens and the shared-prefix
+        junction it would pin (0 if none)."""
+        sampling_params = SamplingParams(max_tokens=1)
+        sampling_params.update_from_generation_config({}, EOS_TOKEN_ID)
+        request = Request(
+            request_id=f"gpu-lookup-{len(token_ids)}",
+            prompt_token_ids=token_ids,
+            sampling_params=sampling_params,
+            pooling_params=None,
+            block_hasher=self.runner._block_hasher,
+        )
+        found = self.runner.scheduler.kv_cache_manager.get_computed_blocks(request)
+        # A base without shared-prefix junctions answers (blocks, hit).
+        return found[1], found[2] if len(found) > 2 else 0
 
     def replay_hit(self, token_ids: list[int]) -> int:
         """External hit of a new request after the GPU prefix cache is reset."""

@@ -50,7 +50,7 @@ CASES: dict[str, tuple] = {
         True,
         64,
         None,
-        ["replay", 63, 48],
+        ["replay", 63, 48, 36],
     ),
     "c: full16+swa4w8 P=64 cap 40": (16, 4, 8, False, 64, 40, ["replay", 40]),
     "f3: full16+swa4w8 EAGLE(swa) P=101": (

@@ -8,7 +8,9 @@
 # upstream PR series (upstream-pr/) built, checked and tested on 0.32.0
 # (tests/upstream_suites-pr.txt), its apply on 0.33.0 checked against
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
-# Python-only, checked and tested on 0.33.0. After the soak, in the first
+# Python-only, checked and tested on 0.33.0; on both, the store-then-lookup
+# judges of tests/regression (arbiter and property search) from that tree.
+# After the soak, in the first
 # lane, the wheels (scripts/build_wheels.sh) and their release tests (the CPU
 # wheel in a fresh venv serving, the CUDA wheel's contents, the warm
 # rebuild). Ends with one line "N passed, N failed".
@@ -112,12 +114,30 @@ build_and_test_base() {
     # A base that did not build has no suites to run (the build step failed).
     grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
 }
+# The store rule's judges (store, then look up: against every chunk stored
+# and against vLLM's own GPU prefix cache) on BASE + its series: the same
+# regression tests as the pin's, from BASE's tree.
+run_judges() {
+    local base=$1 tree py device=()
+    tree=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$TREE"' _ "$ROOT")
+    py=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$PY"' _ "$ROOT")
+    FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; has_cpu_wheel' _ "$ROOT" ||
+        device=(env VLLM_TARGET_DEVICE=cpu)
+    log "== suite judges-$base (tests/regression store-then-lookup, vLLM $base tree)"
+    reports+=("$results/judges-$base.xml")
+    (cd "$ROOT" && "${device[@]}" FORK_TREE="$tree" "$py" -m pytest -p no:cacheprovider -q \
+        -o junit_family=xunit1 --junitxml="$results/judges-$base.xml" \
+        tests/regression/test_offload_vs_gpu_cache.py \
+        tests/regression/test_store_lookup_properties.py) || true
+}
 # Runs in the background: its reports are listed after the wait, by name.
 other_bases() {
     build_and_test_base 0.32.0 upstream-pr/
+    grep -q '<failure' "$results/build-0.32.0.xml" || run_judges 0.32.0
     FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
         "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
     build_and_test_base 0.33.0 "upstream-pr/0.33.0/ (Python-only)"
+    grep -q '<failure' "$results/build-0.33.0.xml" || run_judges 0.33.0
 }
 # The other bases have their own trees and venvs and mostly keep one core
 # busy (pip, mypy, one pytest process): they run beside the pin's suites on
@@ -168,7 +188,7 @@ sed 's/^/[other bases] /' "$other_log"
 for base in 0.32.0 0.33.0; do
     [ "$base" = 0.32.0 ] || reports+=("$results/apply-$base.xml")
     reports+=("$results/build-$base.xml" "$results/series-upstream-pr-$base.xml"
-        "$results/upstream-pr-$base.xml")
+        "$results/upstream-pr-$base.xml" "$results/judges-$base.xml")
 done
 
 log "== summary"

@@ -22,21 +22,27 @@ window, chunked-local attention; EAGLE on no group, on the sliding-window
 group or on every group; intervals None, 0 and k) except:
 - a positive interval without a sliding-window group: vLLM refuses it;
 - chunked-local attention only: vLLM's GPU cache "hits" earlier attention
-  chunks without any cached data (nothing attends across them)."""
+  chunks without any cached data (nothing attends across them).
+
+test_shared_prefix_junction_serves_what_the_gpu_cache_serves adds a second
+request: B shares a prefix with A where the GPU cache's sliding-window group
+kept no tail, so B pins the shared-prefix junction; a third request C sharing
+B's first s tokens is then looked up in the GPU cache of the same scheduler
+(run at the interval, as an engine runs it) and in the offload tier."""
 
 import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from bench.offload_sim import EVERY_CHUNK, groups
+from bench.offload_sim import EVERY_CHUNK, OffloadSim, full, groups, swa
 from test_store_lookup_properties import (
     cases,
+    engine_refuses,
     make_spec,
     probe_lengths,
     prompt,
     sharing_request,
     simulate,
-    WINDOWED,
 )
 
 from tests.v1.core.test_prefix_caching import make_kv_cache_manager, make_request
@@ -76,14 +82,6 @@ def only_chunked_local(case) -> bool:
     the attention chunks before the current one without any cached data
     (nothing attends across them), which no store can be measured by."""
     return all(kind == "chunked" for kind, _, _ in case["layout"])
-
-
-def engine_refuses(case) -> bool:
-    """vLLM refuses a positive interval for a model without a sliding-window
-    group (nothing for it to thin): no engine runs such a case."""
-    return bool(case["retention"]) and not any(
-        kind in WINDOWED for kind, _, _ in case["layout"]
-    )
 
 
 def hits_by_sharing_length(case) -> tuple[dict, dict, dict]:
@@ -152,3 +150,45 @@ def test_eagle_on_every_group_serves_what_the_gpu_cache_serves(retention):
     assert not short
     if retention == 32:
         assert [sparse[s] for s in (48, 60, 80, 92)] == [32, 32, 64, 64]
+
+
+def junction_hits(kv_groups, retention, a, b, lengths) -> tuple[dict, dict, int]:
+    """C's GPU hits (A and B cached) and offload hits (what A and B stored,
+    GPU reset) at each sharing length with B; and B's junction. The GPU cache
+    runs at the case's interval, also for the every-chunk reference."""
+    gpu_retention = None if retention == EVERY_CHUNK else retention
+    sim = OffloadSim(kv_groups, retention, gpu_retention=gpu_retention)
+    sim.run(a)
+    junction = sim.gpu_lookup(b)[1]
+    sim.run(b)
+    requests = {s: sharing_request(b, s) for s in lengths}
+    gpu = {s: sim.gpu_lookup(c)[0] for s, c in requests.items()}
+    stored = set(sim.stored)
+    return gpu, {s: sim.probe_hit(c, stored) for s, c in requests.items()}, junction
+
+
+@pytest.mark.parametrize("retention", [None, 0, 32])
+def test_shared_prefix_junction_serves_what_the_gpu_cache_serves(retention):
+    """Full attention 16 + sliding window 8 / block 4, A a 101-token prompt,
+    B sharing 36 / 52 / 84 of A's tokens. At 0 and 32 the GPU cache kept no
+    sliding-window tail where B leaves A, so B pins a junction there; C
+    shares any part of B. Without EAGLE: the runner's scheduler has no
+    speculative config, so its GPU cache never drops an EAGLE block while the
+    connector would treat flagged groups as EAGLE (no engine runs that)."""
+    kv_groups = groups(full(16), swa(4, 8))
+    a = prompt(101)
+    junctions = []
+    for shared in (36, 52, 84):
+        b = sharing_request(a, shared)
+        lengths = range(4, len(b), 4)
+        gpu, sparse, junction = junction_hits(kv_groups, retention, a, b, lengths)
+        every = junction_hits(kv_groups, EVERY_CHUNK, a, b, lengths)[1]
+        junctions.append(junction)
+        short = {
+            s: (sparse[s], gpu[s], every[s])
+            for s in lengths
+            if sparse[s] < min(gpu[s], every[s])
+        }
+        assert not short, f"B shares {shared}: (offload, GPU, every chunk) {short}"
+    # A sparse GPU cache leaves junctions to serve; a dense one never does.
+    assert any(junctions) == (retention is not None), junctions
