@@ -40,8 +40,12 @@ git -C "$src" init -q
 printf '%s\n' '/vllm.egg-info/' '/vllm/_version.py' '*.so' '/build/' >>"$src/.git/info/exclude"
 git -C "$src" add -A -f
 git -C "$src" rm -q --cached vllm/_version.py
-GIT_AUTHOR_DATE=$BASE_DATE GIT_COMMITTER_DATE=$BASE_DATE git -C "$src" commit -q \
+# The sdist's thousands of loose objects would make this commit start git's
+# auto gc in the background, repacking the tree while later steps (and the
+# toolchain tests' clones of it) read it: pack it now, in the foreground.
+GIT_AUTHOR_DATE=$BASE_DATE GIT_COMMITTER_DATE=$BASE_DATE git -C "$src" -c gc.auto=0 commit -q \
     -m "vLLM $VLLM_VERSION release sdist" -m "sha256 $VLLM_SDIST_SHA256"
+git -C "$src" repack -adq
 git -C "$src" tag "$BASE_TAG"
 tree=$(git -C "$src" rev-parse "$BASE_TAG^{tree}")
 [ -z "${VLLM_BASE_TREE:-}" ] || [ "$tree" = "$VLLM_BASE_TREE" ] ||

@@ -122,10 +122,10 @@ run_judges() {
     tree=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$TREE"' _ "$ROOT")
     py=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$PY"' _ "$ROOT")
     FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; has_cpu_wheel' _ "$ROOT" ||
-        device=(env VLLM_TARGET_DEVICE=cpu)
+        device=(VLLM_TARGET_DEVICE=cpu)
     log "== suite judges-$base (tests/regression store-then-lookup, vLLM $base tree)"
     reports+=("$results/judges-$base.xml")
-    (cd "$ROOT" && "${device[@]}" FORK_TREE="$tree" "$py" -m pytest -p no:cacheprovider -q \
+    (cd "$ROOT" && env "${device[@]}" FORK_TREE="$tree" "$py" -m pytest -p no:cacheprovider -q \
         -o junit_family=xunit1 --junitxml="$results/judges-$base.xml" \
         tests/regression/test_offload_vs_gpu_cache.py \
         tests/regression/test_store_lookup_properties.py) || true
