@@ -61,16 +61,23 @@ run_suite toolchain "$ROOT" tests/toolchain
 log "== build"
 "$ROOT/scripts/apply_and_build.sh"
 
+# base_env BASE: the tree and python of BASE's series (tree, py), and device:
+# the CPU platform's setting for a base without CPU kernels (Python side only).
+base_env() {
+    tree=$(FORK_BASE=$1 bash -c 'source "$1/scripts/lib.sh"; echo "$TREE"' _ "$ROOT")
+    py=$(FORK_BASE=$1 bash -c 'source "$1/scripts/lib.sh"; echo "$PY"' _ "$ROOT")
+    device=()
+    FORK_BASE=$1 bash -c 'source "$1/scripts/lib.sh"; has_cpu_wheel' _ "$ROOT" ||
+        device=(VLLM_TARGET_DEVICE=cpu)
+}
+
 # run_upstream NAME BASE: the upstream suites of BASE's series from its tree,
 # with its venv, minus the tests its deselect list leaves out (each with a
 # reason). A base without CPU kernels runs the CPU platform's Python side.
 run_upstream() {
-    local name=$1 base=$2 tree py list suites_file line entry device=()
-    tree=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$TREE"' _ "$ROOT")
-    py=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$PY"' _ "$ROOT")
+    local name=$1 base=$2 tree py list suites_file line entry device
+    base_env "$base"
     list=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; upstream_deselect_list' _ "$ROOT")
-    FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; has_cpu_wheel' _ "$ROOT" ||
-        device=(env VLLM_TARGET_DEVICE=cpu)
     suites_file=$ROOT/tests/upstream_suites.txt
     [ "$base" = "$PIN_VERSION" ] || suites_file=$ROOT/tests/upstream_suites-pr.txt
     local deselect=() suites=()
@@ -85,7 +92,7 @@ run_upstream() {
     mapfile -t suites < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$suites_file")
     log "== suite $name (vLLM $base, $(basename "$suites_file"), $((${#deselect[@]} / 2)) deselected)"
     reports+=("$results/$name.xml")
-    (cd "$tree" && "${device[@]}" "$py" -m pytest -p no:cacheprovider -q -o junit_family=xunit1 \
+    (cd "$tree" && env "${device[@]}" "$py" -m pytest -p no:cacheprovider -q -o junit_family=xunit1 \
         --junitxml="$results/$name.xml" "${suites[@]}" "${deselect[@]}") || true
 }
 
@@ -118,11 +125,8 @@ build_and_test_base() {
 # and against vLLM's own GPU prefix cache) on BASE + its series: the same
 # regression tests as the pin's, from BASE's tree.
 run_judges() {
-    local base=$1 tree py device=()
-    tree=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$TREE"' _ "$ROOT")
-    py=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; echo "$PY"' _ "$ROOT")
-    FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; has_cpu_wheel' _ "$ROOT" ||
-        device=(VLLM_TARGET_DEVICE=cpu)
+    local base=$1 tree py device
+    base_env "$base"
     log "== suite judges-$base (tests/regression store-then-lookup, vLLM $base tree)"
     reports+=("$results/judges-$base.xml")
     (cd "$ROOT" && env "${device[@]}" FORK_TREE="$tree" "$py" -m pytest -p no:cacheprovider -q \

@@ -152,12 +152,14 @@ def test_eagle_on_every_group_serves_what_the_gpu_cache_serves(retention):
         assert [sparse[s] for s in (48, 60, 80, 92)] == [32, 32, 64, 64]
 
 
-def junction_hits(kv_groups, retention, a, b, lengths) -> tuple[dict, dict, int]:
+def junction_hits(
+    kv_groups, stores, retention, a, b, lengths
+) -> tuple[dict, dict, int]:
     """C's GPU hits (A and B cached) and offload hits (what A and B stored,
-    GPU reset) at each sharing length with B; and B's junction. The GPU cache
-    runs at the case's interval, also for the every-chunk reference."""
-    gpu_retention = None if retention == EVERY_CHUNK else retention
-    sim = OffloadSim(kv_groups, retention, gpu_retention=gpu_retention)
+    GPU reset) at each sharing length with B; and B's junction. ``stores``:
+    the store setting (the interval, or EVERY_CHUNK); the GPU cache runs at
+    ``retention`` either way."""
+    sim = OffloadSim(kv_groups, stores, gpu_retention=retention)
     sim.run(a)
     junction = sim.gpu_lookup(b)[1]
     sim.run(b)
@@ -181,8 +183,10 @@ def test_shared_prefix_junction_serves_what_the_gpu_cache_serves(retention):
     for shared in (36, 52, 84):
         b = sharing_request(a, shared)
         lengths = range(4, len(b), 4)
-        gpu, sparse, junction = junction_hits(kv_groups, retention, a, b, lengths)
-        every = junction_hits(kv_groups, EVERY_CHUNK, a, b, lengths)[1]
+        gpu, sparse, junction = junction_hits(
+            kv_groups, retention, retention, a, b, lengths
+        )
+        every = junction_hits(kv_groups, EVERY_CHUNK, retention, a, b, lengths)[1]
         junctions.append(junction)
         short = {
             s: (sparse[s], gpu[s], every[s])

@@ -153,9 +153,9 @@ def required_lengths(case) -> set[int]:
 def gpu_replay_positions(case, gpu_align: int) -> tuple[tuple[int, ...], int]:
     """Where vLLM's GPU prefix cache retains A's replay tails, and how far
     past such a position a request it serves there shares (EAGLE), from the
-    tree's own core function: the fork's reachable_boundaries (patch 7), or
-    replay_boundaries on vLLM >= 0.32.0, whose EAGLE groups drop one
-    scheduler block."""
+    tree's own core functions: the fork's reachable_boundaries and
+    eagle_extent (patch 7), or replay_boundaries and eagle_proof_margin on
+    vLLM >= 0.32.0."""
     eagle_blocks = [case["layout"][i][1] for i in case["eagle"]]
     if hasattr(coordinator, "reachable_boundaries"):
         extent = coordinator.eagle_extent(eagle_blocks, gpu_align)
@@ -163,10 +163,16 @@ def gpu_replay_positions(case, gpu_align: int) -> tuple[tuple[int, ...], int]:
             num_prompt_tokens=case["num_prompt"], shared_prefix_boundary=0
         )
         return coordinator.reachable_boundaries(request, gpu_align, extent), extent
+    from vllm.v1.core.kv_cache_utils import eagle_proof_margin
+
     positions = coordinator.replay_boundaries(
         case["num_prompt"], gpu_align, bool(eagle_blocks)
     )
-    return positions, gpu_align if eagle_blocks else 0
+    margin = max(
+        (eagle_proof_margin(block, block, False) for block in eagle_blocks),
+        default=0,
+    )
+    return positions, margin
 
 
 def extension(case) -> list[int]:
