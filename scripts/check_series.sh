@@ -3,7 +3,7 @@
 # every series entry exists, no patch file is left out of the series, each patch
 # carries a Subject, a Signed-off-by of its author (DCO) and the rebase trailers (Origin,
 # Upstream-Status, Forwarded; a patch under the series' "(b)" heading names the
-# upstream PR it backports in Origin), new Python files carry an SPDX header, and each
+# upstream PR it backports in Origin and the release that has it in Drop-At), new Python files carry an SPDX header, and each
 # patch, applied in order on the base in a scratch worktree, passes ruff (check
 # and format) under the pinned tree's own config on the files it touches, and
 # no patch changes compiled sources unless FORK_BUILD_KERNELS=1 (lib.sh).
@@ -51,6 +51,14 @@ for p in "${entries[@]}"; do
     if [ "$(series_block "$p")" = b ] &&
         ! grep -q '^Origin: backport, https://github.com/vllm-project/vllm/pull/[0-9]' <<<"$msg"; then
         errors+=("$p: in block (b) (backports) but its Origin: is not 'backport, <upstream PR URL>'")
+    fi
+    # Drop-At: the first release that has the change (scripts/move_pin.sh
+    # drops the patch there); a backport always has one.
+    drop_at=$(sed -n 's/^Drop-At: //p' <<<"$msg")
+    if [ -n "$drop_at" ] && ! grep -qE '^[0-9]+\.[0-9]+\.[0-9]+$' <<<"$drop_at"; then
+        errors+=("$p: Drop-At: '$drop_at' is not a release (X.Y.Z)")
+    elif [ -z "$drop_at" ] && [ "$(series_block "$p")" = b ]; then
+        errors+=("$p: in block (b) (backports) but has no Drop-At: <release> trailer")
     fi
     # DCO: the author signs off. The author as git am reads it (a folded
     # From: header would otherwise pass on its first line).

