@@ -11,7 +11,8 @@
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
 # Python-only, checked and tested on 0.33.0 (tests/upstream_suites-pr.txt);
 # on both, the store-then-lookup judges of tests/regression (arbiter and
-# property search) from that tree.
+# property search) from that tree; the pin moved to 0.33.0, made and checked
+# (applies in order, trailers, ruff).
 # After the soak, in the first
 # lane, the wheels (scripts/build_wheels.sh) and their release tests (the CPU
 # wheel in a fresh venv serving, the CUDA wheel's contents, the warm
@@ -175,6 +176,12 @@ other_bases() {
         "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
     build_and_test_base 0.33.0 "upstream-pr/0.33.0/ (Python-only)"
     grep -q '<failure' "$results/build-0.33.0.xml" || run_judges 0.33.0
+    # The pin moved to 0.33.0 too: made and checked (entries, trailers, applies
+    # in order, ruff), not built or tested here (the PR alone is, above).
+    "$PY" "$ROOT/scripts/junit_step.py" "$results/move-0.33.0.xml" \
+        "move the pin to vLLM 0.33.0 (made and checked, not built)" bash -c \
+        '"$1/scripts/move_pin.sh" 0.33.0 --no-build &&
+            FORK_BASE=0.33.0 FORK_PATCHES="$1/build/pin-0.33.0/patches" "$1/scripts/check_series.sh"' _ "$ROOT"
 }
 # The other bases have their own trees and venvs and mostly keep one core
 # busy (pip, mypy, one pytest process): they run beside the pin's suites on
@@ -224,7 +231,7 @@ sed 's/^/[other bases] /' "$other_log"
 # Its reports, by name: one that is missing counts as a failure.
 reports+=("$results/build-0.32.0.xml" "$results/series-pin-0.32.0.xml"
     "$results/pin-0.32.0.xml" "$results/judges-0.32.0.xml")
-reports+=("$results/apply-0.33.0.xml" "$results/build-0.33.0.xml"
+reports+=("$results/apply-0.33.0.xml" "$results/move-0.33.0.xml" "$results/build-0.33.0.xml"
     "$results/series-upstream-pr-0.33.0.xml" "$results/upstream-pr-0.33.0.xml"
     "$results/judges-0.33.0.xml")
 

