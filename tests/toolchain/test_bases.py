@@ -291,6 +291,15 @@ def test_each_base_names_its_deselect_list(root):
             assert not entry.strip() or reason.strip(), f"{path.name}: {line}"
 
 
+def entries(series) -> list[str]:
+    """The patch names a series file lists, in order."""
+    return [
+        line.split("#")[0].strip()
+        for line in series.read_text().splitlines()
+        if line.split("#")[0].strip()
+    ]
+
+
 def move_pin(patches, out, version="0.32.0") -> subprocess.CompletedProcess:
     """scripts/move_pin.sh VERSION --no-build on a copy of the pin's series."""
     return subprocess.run(
@@ -311,16 +320,8 @@ def test_move_pin_to_0_32_0_takes_ports_and_the_pr(tmp_path):
     r = move_pin(ROOT / "patches", out)
     assert r.returncode == 0, r.stderr
     port = ROOT / "patches" / "port-0.32.0"
-    pr = [
-        n
-        for n in (ROOT / "upstream-pr" / "series").read_text().split()
-        if n.endswith(".patch")
-    ]
-    names = [
-        n.strip()
-        for n in (out / "series").read_text().splitlines()
-        if n.strip() and not n.startswith("#")
-    ]
+    pr = entries(ROOT / "upstream-pr" / "series")
+    names = entries(out / "series")
     assert names == [
         "0003-Bugfix-Frontend-End-the-requests-in-flight-when-Asyn.patch",
         "0007-Bugfix-Core-Retain-where-EAGLE-hits-land-under-spars.patch",
