@@ -3,10 +3,11 @@
 # every series entry exists, no patch file is left out of the series, each patch
 # carries a Subject, a Signed-off-by of its author (DCO) and the rebase trailers (Origin,
 # Upstream-Status, Forwarded; a patch under the series' "(b)" heading names the
-# upstream PR it backports in Origin and the release that has it in Drop-At), new Python files carry an SPDX header, and each
-# patch, applied in order on the base in a scratch worktree, passes ruff (check
-# and format) under the pinned tree's own config on the files it touches, and
-# no patch changes compiled sources unless FORK_BUILD_KERNELS=1 (lib.sh).
+# upstream PR it backports in Origin and the release that has it in Drop-At),
+# new Python files carry an SPDX header, and each patch, applied in order on
+# the base in a scratch worktree, passes ruff (check and format) under the
+# pinned tree's own config on the files it touches, and no patch changes
+# compiled sources unless FORK_BUILD_KERNELS=1 (lib.sh).
 #
 #   scripts/check_series.sh [--precommit]
 #

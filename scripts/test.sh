@@ -74,15 +74,21 @@ base_env() {
         device=(VLLM_TARGET_DEVICE=cpu)
 }
 
-# run_upstream NAME BASE: the upstream suites of BASE's series from its tree,
-# with its venv, minus the tests its deselect list leaves out (each with a
-# reason). A base without CPU kernels runs the CPU platform's Python side.
+# run_upstream NAME BASE [SUITES]: the upstream suites of BASE's series from
+# its tree, with its venv, minus the tests its deselect list leaves out (each
+# with a reason). SUITES: the list to run (default: tests/upstream_suites.txt
+# on the pin, tests/upstream_suites-pr.txt on another base); the pin's list on
+# another base leaves out, and names, the tests that base's tree lacks (those
+# of patches a move dropped). A base without CPU kernels runs the CPU
+# platform's Python side.
 run_upstream() {
-    local name=$1 base=$2 tree py list suites_file line entry device
+    local name=$1 base=$2 suites_file=${3:-} tree py list line entry device file
     base_env "$base"
     list=$(FORK_BASE=$base bash -c 'source "$1/scripts/lib.sh"; upstream_deselect_list' _ "$ROOT")
-    suites_file=$ROOT/tests/upstream_suites.txt
-    [ "$base" = "$PIN_VERSION" ] || suites_file=$ROOT/tests/upstream_suites-pr.txt
+    if [ -z "$suites_file" ]; then
+        suites_file=$ROOT/tests/upstream_suites.txt
+        [ "$base" = "$PIN_VERSION" ] || suites_file=$ROOT/tests/upstream_suites-pr.txt
+    fi
     local deselect=() suites=()
     if [ -f "$list" ]; then
         while IFS= read -r line; do
@@ -92,24 +98,16 @@ run_upstream() {
             deselect+=(--deselect "$entry")
         done <"$list"
     fi
-    mapfile -t suites < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$suites_file")
-    if [ -n "${FORK_PATCHES:-}" ] && [ "$base" != "$PIN_VERSION" ]; then
-        # The pin moved to BASE (scripts/move_pin.sh): the pin's suites, less
-        # the tests of patches the move dropped (not in BASE's tree).
-        suites_file=$ROOT/tests/upstream_suites.txt
-        local all=() file
-        mapfile -t all < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$suites_file")
-        suites=()
-        for entry in "${all[@]}"; do
-            file=${entry%%::*}
-            if [ -e "$tree/$file" ] && { [ "$file" = "$entry" ] ||
-                grep -q "^def ${entry##*::}(" "$tree/$file"; }; then
-                suites+=("$entry")
-            else
-                log "suite $name: $entry is not in vLLM $base's tree (its patch was dropped by the move)"
-            fi
-        done
-    fi
+    while read -r entry; do
+        file=${entry%%::*}
+        if [ "$base" = "$PIN_VERSION" ] || [ "$suites_file" != "$ROOT/tests/upstream_suites.txt" ] ||
+            { [ -e "$tree/$file" ] && { [ "$file" = "$entry" ] ||
+                grep -q "^def ${entry##*::}(" "$tree/$file"; }; }; then
+            suites+=("$entry")
+        else
+            log "suite $name: $entry is not in vLLM $base's tree (its patch was dropped by the move)"
+        fi
+    done < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$suites_file")
     log "== suite $name (vLLM $base, $(basename "$suites_file"), $((${#deselect[@]} / 2)) deselected)"
     reports+=("$results/$name.xml")
     (cd "$tree" && env "${device[@]}" "$py" -m pytest -p no:cacheprovider -q -o junit_family=xunit1 \
@@ -153,7 +151,8 @@ move_and_test_base() {
     "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
         "move the pin to vLLM $base (scripts/move_pin.sh)" "$ROOT/scripts/move_pin.sh" "$base"
     FORK_PATCHES=$moved series_check "pin-$base" "$base"
-    grep -q '<failure' "$results/build-$base.xml" || FORK_PATCHES=$moved run_upstream "pin-$base" "$base"
+    grep -q '<failure' "$results/build-$base.xml" ||
+        FORK_PATCHES=$moved run_upstream "pin-$base" "$base" "$ROOT/tests/upstream_suites.txt"
 }
 # The store rule's judges (store, then look up: against every chunk stored
 # and against vLLM's own GPU prefix cache) on BASE + its series: the same
