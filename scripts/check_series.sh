@@ -90,7 +90,7 @@ if [ ${#errors[@]} -eq 0 ] && [ ${#entries[@]} -gt 0 ]; then
     tgit worktree add -q --detach "$wt" "$BASE_TAG"
     for p in "${entries[@]}"; do
         if ! out=$(git -C "$wt" am --keep-non-patch --committer-date-is-author-date "$PATCHES/$p" 2>&1); then
-            errors+=("$p: does not apply in order: $(grep -E '^error' <<<"$out" | head -n 3)")
+            errors+=("$p: does not apply in order: $(grep -E '^(error|fatal)' <<<"$out" | head -n 3 || true)")
             break
         fi
         mapfile -t added < <(git -C "$wt" diff-tree -r --no-commit-id --name-only --diff-filter=A HEAD -- '*.py')
