@@ -112,10 +112,39 @@ def _gpu_retention(retention: int | None):
     )
 
 
+def _eagle_drafter(enabled: bool):
+    """RequestRunner's scheduler has no speculative config, so its GPU prefix
+    cache never drops an EAGLE block, while the connector treats flagged
+    groups as EAGLE: no engine runs that. Give the runner's config an EAGLE
+    drafter (one speculative token), as upstream's shared-group MTP tests
+    do, so that both sides run EAGLE."""
+    if not enabled:
+        return nullcontext()
+    module = importlib.import_module(_RUNNER_MODULE)
+    make_config = module.create_vllm_config
+
+    def with_drafter(*args, **kwargs):
+        config = make_config(*args, **kwargs)
+        drafter = mock.MagicMock(name="eagle_drafter")
+        drafter.use_eagle.return_value = True
+        drafter.use_eagle_block_drop.return_value = True
+        drafter.needs_eagle_block_drop.return_value = True
+        drafter.disable_eagle_block_drop = False
+        drafter.use_multi_module_mtp.return_value = False
+        drafter.num_speculative_tokens_per_batch_size = None
+        drafter.max_num_new_slots_for_drafting = 0
+        drafter.num_speculative_tokens = 1
+        config.speculative_config = drafter
+        return config
+
+    return mock.patch(f"{_RUNNER_MODULE}.create_vllm_config", with_drafter)
+
+
 class OffloadSim:
     """``retention``: None / 0 / k as the engine setting, or EVERY_CHUNK for a
     reference whose stores skip nothing. ``gpu_retention``: the GPU prefix
-    cache's interval (default: the engine setting; None for EVERY_CHUNK)."""
+    cache's interval (default: the engine setting; None for EVERY_CHUNK).
+    ``eagle_drafter``: the engine runs an EAGLE drafter (see _eagle_drafter)."""
 
     def __init__(
         self,
@@ -125,6 +154,7 @@ class OffloadSim:
         blocks_per_chunk: int = 1,
         async_scheduling: bool = False,
         gpu_retention: int | None | str = AS_ENGINE,
+        eagle_drafter: bool = False,
     ):
         self.every_chunk = retention == EVERY_CHUNK
         self.full_attention_groups = {
@@ -142,6 +172,7 @@ class OffloadSim:
         with (
             mock.patch(_SAFETENSORS_METADATA, return_value=None),
             _gpu_retention(gpu_retention),
+            _eagle_drafter(eagle_drafter),
         ):
             self.runner = RequestRunner(
                 block_size=block_size,

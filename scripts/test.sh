@@ -11,9 +11,8 @@
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
 # Python-only, checked and tested on 0.33.0 (tests/upstream_suites-pr.txt);
 # on both, the store-then-lookup judges of tests/regression (arbiter and
-# property search) from that tree (0.32.0's in the first lane, at its end);
-# the pin moved to 0.33.0, made and checked (applies in order, trailers,
-# ruff).
+# property search) from that tree; the pin moved to 0.33.0, made and checked
+# (applies in order, trailers, ruff).
 # After the soak, in the first
 # lane, the wheels (scripts/build_wheels.sh) and their release tests (the CPU
 # wheel in a fresh venv serving, the CUDA wheel's contents, the warm
@@ -171,6 +170,7 @@ run_judges() {
 # Runs in the background: its reports are listed after the wait, by name.
 other_bases() {
     move_and_test_base 0.32.0
+    grep -q '<failure' "$results/build-0.32.0.xml" || run_judges 0.32.0
     FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
         "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
     build_and_test_base 0.33.0 "upstream-pr/0.33.0/ (Python-only)"
@@ -222,14 +222,6 @@ t0=$(date +%s)
 log "wheels: built or checked in $(($(date +%s) - t0)) s"
 # --fast: the wheels' contents and the warm rebuild, not the server.
 run_suite release "$ROOT" tests/release "${markers[@]}"
-
-# The 0.32.0 judges run in this lane, which would otherwise wait for the
-# other one: they need only the moved 0.32.0 build, which that lane makes
-# first. In a subshell: their report is listed below with the other lane's.
-while [ ! -f "$results/build-0.32.0.xml" ] && kill -0 "$other_pid" 2>/dev/null; do sleep 5; done
-if [ -f "$results/build-0.32.0.xml" ] && ! grep -q '<failure' "$results/build-0.32.0.xml"; then
-    (run_judges 0.32.0)
-fi
 
 log "== waiting for the other bases"
 wait "$other_pid" || true

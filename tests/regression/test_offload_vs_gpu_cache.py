@@ -158,8 +158,13 @@ def junction_hits(
     """C's GPU hits (A and B cached) and offload hits (what A and B stored,
     GPU reset) at each sharing length with B; and B's junction. ``stores``:
     the store setting (the interval, or EVERY_CHUNK); the GPU cache runs at
-    ``retention`` either way."""
-    sim = OffloadSim(kv_groups, stores, gpu_retention=retention)
+    ``retention`` either way. A group flagged EAGLE runs an EAGLE drafter."""
+    sim = OffloadSim(
+        kv_groups,
+        stores,
+        gpu_retention=retention,
+        eagle_drafter=any(g.is_eagle_group for g in kv_groups),
+    )
     sim.run(a)
     junction = sim.gpu_lookup(b)[1]
     sim.run(b)
@@ -169,15 +174,18 @@ def junction_hits(
     return gpu, {s: sim.probe_hit(c, stored) for s, c in requests.items()}, junction
 
 
+@pytest.mark.parametrize(
+    "eagle", [(), (1,), (0, 1)], ids=["", "eagle-swa", "eagle-all"]
+)
 @pytest.mark.parametrize("retention", [None, 0, 32])
-def test_shared_prefix_junction_serves_what_the_gpu_cache_serves(retention):
+def test_shared_prefix_junction_serves_what_the_gpu_cache_serves(retention, eagle):
     """Full attention 16 + sliding window 8 / block 4, A a 101-token prompt,
     B sharing 36 / 52 / 84 of A's tokens. At 0 and 32 the GPU cache kept no
     sliding-window tail where B leaves A, so B pins a junction there; C
-    shares any part of B. Without EAGLE: the runner's scheduler has no
-    speculative config, so its GPU cache never drops an EAGLE block while the
-    connector would treat flagged groups as EAGLE (no engine runs that)."""
-    kv_groups = groups(full(16), swa(4, 8))
+    shares any part of B. Also with an EAGLE drafter on the sliding-window
+    group and on both groups, where the GPU cache retains the position one
+    block below the junction too."""
+    kv_groups = groups(full(16), swa(4, 8), eagle=eagle)
     a = prompt(101)
     junctions = []
     for shared in (36, 52, 84):
