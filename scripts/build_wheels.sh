@@ -118,10 +118,18 @@ build() {
         env+=(MAX_JOBS="$(nproc)")
         kernel_arg=-
     fi
-    if ! env "${env[@]}" nice -n "${FORK_BUILD_NICE:-0}" "$PY" "$ROOT/scripts/wheel_tool.py" \
-        build "$t" "$src" "$out" >"$WORK/$t-build.log" 2>&1; then
-        tail -n 30 "$WORK/$t-build.log" >&2
-        die "building the $t wheel failed (log: $WORK/$t-build.log)"
+    # Unbuffered: setup.py's error lines land in the log where they happened,
+    # not above the last of its buffered "copying ..." output.
+    local rc=0
+    env "${env[@]}" PYTHONUNBUFFERED=1 nice -n "${FORK_BUILD_NICE:-0}" "$PY" "$ROOT/scripts/wheel_tool.py" \
+        build "$t" "$src" "$out" >"$WORK/$t-build.log" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then
+        {
+            grep -vE '^(copying|adding|creating|byte-compiling) ' "$WORK/$t-build.log" | tail -n 30
+            df -h "$WORK" "$DIST" | uniq
+            grep -E "^Mem(Total|Available):" /proc/meminfo
+        } >&2
+        die "building the $t wheel failed (exit $rc$([ "$rc" -lt 128 ] || echo ", signal $((rc - 128))"); log: $WORK/$t-build.log)"
     fi
     local kernel_sha=""
     [ "$kernel_arg" = - ] || kernel_sha=$(sha256sum "$kernel_arg" | cut -d' ' -f1)

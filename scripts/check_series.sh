@@ -61,6 +61,12 @@ for p in "${entries[@]}"; do
     elif [ -z "$drop_at" ] && [ "$(series_block "$p")" = b ]; then
         errors+=("$p: in block (b) (backports) but has no Drop-At: <release> trailer")
     fi
+    # A commit of the upstream PR series named in the message exists there
+    # (adding a commit to upstream-pr/ renumbers the ones after it).
+    for ref in $(grep -oE 'upstream-pr/[0-9]{4}' <<<"$msg" | sort -u); do
+        compgen -G "$ROOT/$ref-*.patch" >/dev/null ||
+            errors+=("$p: names $ref, which is not a commit of upstream-pr/")
+    done
     # DCO: the author signs off. The author as git am reads it (a folded
     # From: header would otherwise pass on its first line).
     author=$(git mailinfo /dev/null /dev/null <"$f" | sed -n 's/^Author: //p; s/^Email: \(.*\)/<\1>/p' | paste -sd' ')

@@ -208,9 +208,20 @@ def test_check_series_reports_each_defect(scripts):
     (scripts.patches / "9999-orphan.patch").write_text("")
     with (scripts.patches / "series").open("a") as f:
         f.write("0042-missing.patch\n")
+    # A trailer naming a commit of the upstream PR series: one upstream-pr/
+    # has passes, one it lacks (renumbered away) is named.
+    status = "Upstream-Status: not-needed (test)\n"
+    first.write_text(
+        first.read_text().replace(status, "Upstream-Status: see upstream-pr/9998\n")
+    )
+    second.write_text(
+        second.read_text().replace(status, "Upstream-Status: see upstream-pr/0001\n")
+    )
 
     r = scripts.run("check_series.sh")
     assert r.returncode != 0
+    assert f"{names[0]}: names upstream-pr/9998, which is not a commit of" in r.stderr
+    assert "upstream-pr/0001" not in r.stderr
     assert f"{names[0]}: no Signed-off-by" in r.stderr
     assert f"{names[0]}: the author (Test <test@example.invalid>) has no" in r.stderr
     assert f"{names[1]}: the author (test@example.invalid <test@example.invalid>)" in r.stderr
@@ -222,7 +233,9 @@ def test_check_series_reports_each_defect(scripts):
     (scripts.patches / "series").write_text("\n".join(names) + "\n")
     second.write_text(second.read_text().replace(" <other@example.invalid>\n", "", 1))
     first.write_text(
-        first.read_text().replace(
+        first.read_text()
+        .replace("Upstream-Status: see upstream-pr/9998\n", status)
+        .replace(
             "Forwarded: no\n",
             "Forwarded: no\nSigned-off-by: Test <test@example.invalid>\n",
         )
