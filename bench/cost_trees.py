@@ -7,7 +7,8 @@ cost_floor). Writes OUT.json and OUT.md (floors and ratios to the first
 tree); store bytes must match between the fork trees.
 
     python -m bench.cost_trees --out bench/results/cost_before_after \\
-        stock=build/stock/vllm before=DIR after=upstream/vllm [--repeats 3]
+        stock=build/stock/vllm before=DIR after=upstream/vllm [--repeats 3] \\
+        [--geometries NAME ...]
 """
 
 import argparse
@@ -18,10 +19,8 @@ from bench.geometries import BUILDERS
 from bench.run import SETTINGS, cost_floor, drive, label, log, plan
 
 
-def measure(trees: list[tuple[str, Path]], repeats: int) -> dict:
-    cells = [
-        (g, w, v, r) for g, w, v, _ in plan(False, list(BUILDERS)) for r in SETTINGS
-    ]
+def measure(trees: list[tuple[str, Path]], repeats: int, geometries: list[str]) -> dict:
+    cells = [(g, w, v, r) for g, w, v, _ in plan(False, geometries) for r in SETTINGS]
     steps: dict[tuple, dict[str, list]] = {}
     meta: dict[tuple, dict[str, tuple[int, int]]] = {}
     for rep in range(repeats):
@@ -89,10 +88,11 @@ def main() -> None:
         "--out", type=Path, required=True, help="OUT: writes OUT.json, OUT.md"
     )
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--geometries", nargs="+", default=list(BUILDERS), choices=BUILDERS)
     p.add_argument("trees", nargs="+", metavar="NAME=TREE")
     args = p.parse_args()
     trees = [(n, Path(t).resolve()) for n, t in (a.split("=", 1) for a in args.trees)]
-    results = measure(trees, args.repeats)
+    results = measure(trees, args.repeats, args.geometries)
     names = [n for n, _ in trees]
     forks = names[1:]
     for key, per_tree in results.items():
