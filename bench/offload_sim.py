@@ -12,7 +12,7 @@ base with or without upstream-pr/ (e.g. stock 0.32.0)."""
 import functools
 import importlib
 import inspect
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from unittest import mock
 
 import torch
@@ -29,6 +29,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.kv_offload.base import LookupResult, OffloadKey, get_offload_group_idx
@@ -50,6 +51,18 @@ def swa(block_size: int, window: int) -> SlidingWindowSpec:
 
 def chunked_local(block_size: int, chunk: int) -> ChunkedLocalAttentionSpec:
     return ChunkedLocalAttentionSpec(**_layer(block_size), attention_chunk_size=chunk)
+
+
+def mamba(block_size: int, cache_mode: str, checkpoints: int = 0) -> MambaSpec:
+    """A Mamba layer cached in ``cache_mode`` ("align" or "all"), its state
+    16 bytes per token of the block (see _attention_shaped_mamba_pages)."""
+    return MambaSpec(
+        block_size=block_size,
+        shapes=((block_size, 2), (block_size, 2)),
+        dtypes=(torch.float32, torch.float32),
+        mamba_cache_mode=cache_mode,
+        num_prefill_checkpoint_blocks=checkpoints,
+    )
 
 
 def groups(*specs, eagle: tuple[int, ...] = ()) -> list[KVCacheGroupSpec]:
@@ -112,39 +125,83 @@ def _gpu_retention(retention: int | None):
     )
 
 
-def _eagle_drafter(enabled: bool):
-    """RequestRunner's scheduler has no speculative config, so its GPU prefix
-    cache never drops an EAGLE block, while the connector treats flagged
-    groups as EAGLE: no engine runs that. Give the runner's config an EAGLE
-    drafter (one speculative token), as upstream's shared-group MTP tests
-    do, so that both sides run EAGLE."""
-    if not enabled:
+def _engine_config(eagle_drafter: bool, mamba_cache_mode: str | None):
+    """RequestRunner's config has no speculative config and Mamba's default
+    cache mode ("none"), while its groups may be flagged EAGLE or be Mamba
+    groups cached in another mode: no engine runs that. Give the config an
+    EAGLE drafter (one speculative token, as upstream's shared-group MTP
+    tests do), so that the GPU prefix cache drops EAGLE blocks as the
+    connector expects, and the Mamba groups' cache mode, so that the
+    scheduler splits prefills where Mamba states are cached."""
+    if not eagle_drafter and mamba_cache_mode is None:
         return nullcontext()
     module = importlib.import_module(_RUNNER_MODULE)
     make_config = module.create_vllm_config
 
-    def with_drafter(*args, **kwargs):
+    def engine_config(*args, **kwargs):
         config = make_config(*args, **kwargs)
-        drafter = mock.MagicMock(name="eagle_drafter")
-        drafter.use_eagle.return_value = True
-        drafter.use_eagle_block_drop.return_value = True
-        drafter.needs_eagle_block_drop.return_value = True
-        drafter.disable_eagle_block_drop = False
-        drafter.use_multi_module_mtp.return_value = False
-        drafter.num_speculative_tokens_per_batch_size = None
-        drafter.max_num_new_slots_for_drafting = 0
-        drafter.num_speculative_tokens = 1
-        config.speculative_config = drafter
+        if mamba_cache_mode is not None:
+            config.cache_config.mamba_cache_mode = mamba_cache_mode
+        if eagle_drafter:
+            drafter = mock.MagicMock(name="eagle_drafter")
+            drafter.use_eagle.return_value = True
+            drafter.use_eagle_block_drop.return_value = True
+            drafter.needs_eagle_block_drop.return_value = True
+            drafter.disable_eagle_block_drop = False
+            drafter.use_multi_module_mtp.return_value = False
+            drafter.num_speculative_tokens_per_batch_size = None
+            drafter.max_num_new_slots_for_drafting = 0
+            drafter.num_speculative_tokens = 1
+            config.speculative_config = drafter
         return config
 
-    return mock.patch(f"{_RUNNER_MODULE}.create_vllm_config", with_drafter)
+    return mock.patch(f"{_RUNNER_MODULE}.create_vllm_config", engine_config)
+
+
+def _mamba_cache_mode(kv_cache_groups: list[KVCacheGroupSpec]) -> str | None:
+    modes = {
+        g.kv_cache_spec.mamba_cache_mode
+        for g in kv_cache_groups
+        if isinstance(g.kv_cache_spec, MambaSpec)
+    }
+    assert len(modes) <= 1, f"one Mamba cache mode per engine, not {modes}"
+    return next(iter(modes), None)
+
+
+@contextmanager
+def _attention_shaped_mamba_pages():
+    """RequestRunner shapes every worker KV tensor as attention's (blocks, 2,
+    block_size, num_kv_heads, head_size) of the spec's dtype; a MambaSpec has
+    none of these. While it builds them, a Mamba layer reads as one float32
+    head whose tensor holds exactly the spec's page per block: the worker
+    views each layer as (blocks, page bytes) and never reads the state.
+    (Newer runners assert each spec is an AttentionSpec first.)"""
+    runner = importlib.import_module(_RUNNER_MODULE)
+    with (
+        mock.patch.object(
+            runner,
+            "AttentionSpec",
+            (getattr(runner, "AttentionSpec", MambaSpec), MambaSpec),
+            create=True,
+        ),
+        mock.patch.object(MambaSpec, "num_kv_heads", 1, create=True),
+        mock.patch.object(
+            MambaSpec,
+            "head_size",
+            property(lambda spec: spec.page_size_bytes // (8 * spec.block_size)),
+            create=True,
+        ),
+        mock.patch.object(MambaSpec, "dtype", torch.float32, create=True),
+    ):
+        yield
 
 
 class OffloadSim:
     """``retention``: None / 0 / k as the engine setting, or EVERY_CHUNK for a
     reference whose stores skip nothing. ``gpu_retention``: the GPU prefix
     cache's interval (default: the engine setting; None for EVERY_CHUNK).
-    ``eagle_drafter``: the engine runs an EAGLE drafter (see _eagle_drafter)."""
+    ``eagle_drafter``: the engine runs an EAGLE drafter (see _engine_config).
+    Mamba groups (``mamba``) run in their cache mode."""
 
     def __init__(
         self,
@@ -172,7 +229,8 @@ class OffloadSim:
         with (
             mock.patch(_SAFETENSORS_METADATA, return_value=None),
             _gpu_retention(gpu_retention),
-            _eagle_drafter(eagle_drafter),
+            _engine_config(eagle_drafter, _mamba_cache_mode(kv_cache_groups)),
+            _attention_shaped_mamba_pages(),
         ):
             self.runner = RequestRunner(
                 block_size=block_size,

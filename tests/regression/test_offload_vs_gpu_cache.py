@@ -28,13 +28,25 @@ test_shared_prefix_junction_serves_what_the_gpu_cache_serves adds a second
 request: B shares a prefix with A where the GPU cache's sliding-window group
 kept no tail, so B pins the shared-prefix junction; a third request C sharing
 B's first s tokens is then looked up in the GPU cache of the same scheduler
-(run at the interval, as an engine runs it) and in the offload tier."""
+(run at the interval, as an engine runs it) and in the offload tier;
+test_drawn_junctions_serve_what_the_gpu_cache_serves does the same over the
+drawn geometries, B sharing a drawn part of A.
 
+test_mamba_offload_tier_serves_what_the_gpu_cache_serves draws hybrid Mamba
+geometries (full attention, a Mamba group cached in "align" mode, with or
+without prefill checkpoints, or in "all" mode where the tree has it, a
+sliding window beside them or not, EAGLE or not). Where Mamba states exist
+depends on how vLLM's scheduler splits the prefill, so the GPU hits come
+from the scheduler that ran A (bench/offload_sim.py), not from a
+KVCacheManager allocating A at once."""
+
+import functools
 import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from bench.offload_sim import EVERY_CHUNK, OffloadSim, full, groups, swa
+from hypothesis import strategies as st
+from bench.offload_sim import EVERY_CHUNK, OffloadSim, full, groups, mamba, swa
 from test_store_lookup_properties import (
     cases,
     engine_refuses,
@@ -153,17 +165,19 @@ def test_eagle_on_every_group_serves_what_the_gpu_cache_serves(retention):
 
 
 def junction_hits(
-    kv_groups, stores, retention, a, b, lengths
+    kv_groups, stores, retention, a, b, lengths, **options
 ) -> tuple[dict, dict, int]:
     """C's GPU hits (A and B cached) and offload hits (what A and B stored,
     GPU reset) at each sharing length with B; and B's junction. ``stores``:
     the store setting (the interval, or EVERY_CHUNK); the GPU cache runs at
-    ``retention`` either way. A group flagged EAGLE runs an EAGLE drafter."""
+    ``retention`` either way. A group flagged EAGLE runs an EAGLE drafter.
+    ``options``: OffloadSim's (blocks_per_chunk, ...)."""
     sim = OffloadSim(
         kv_groups,
         stores,
         gpu_retention=retention,
         eagle_drafter=any(g.is_eagle_group for g in kv_groups),
+        **options,
     )
     sim.run(a)
     junction = sim.gpu_lookup(b)[1]
@@ -204,3 +218,132 @@ def test_shared_prefix_junction_serves_what_the_gpu_cache_serves(retention, eagl
         assert not short, f"B shares {shared}: (offload, GPU, every chunk) {short}"
     # A sparse GPU cache leaves junctions to serve; a dense one never does.
     assert any(junctions) == (retention is not None), junctions
+
+
+@settings(
+    max_examples=int(os.environ.get("FORK_PROPERTY_EXAMPLES", "30")),
+    deadline=None,
+    derandomize="FORK_PROPERTY_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(
+    cases().filter(lambda c: not (engine_refuses(c) or only_chunked_local(c))),
+    st.floats(0, 1),
+)
+def test_drawn_junctions_serve_what_the_gpu_cache_serves(case, where):
+    """test_shared_prefix_junction_serves_what_the_gpu_cache_serves over the
+    drawn geometries: B shares a drawn part of A (``where`` of its prompt)."""
+    kv_groups = groups(
+        *(make_spec(kind, b, arg) for kind, b, arg in case["layout"]),
+        eagle=case["eagle"],
+    )
+    a = prompt(case["num_prompt"])
+    b = sharing_request(a, round(where * case["num_prompt"]))
+    # Every chunk edge of any group up to B's end.
+    lengths = sorted(
+        {e for c in case["chunks"] for e in range(c, len(b) + 1, c)} | {len(b)}
+    )
+    options = dict(
+        blocks_per_chunk=case["blocks_per_chunk"],
+        offload_prompt_only=case["offload_prompt_only"],
+        async_scheduling=case["async_scheduling"],
+    )
+    retention = case["retention"]
+    gpu, sparse, _ = junction_hits(
+        kv_groups, retention, retention, a, b, lengths, **options
+    )
+    every = junction_hits(kv_groups, EVERY_CHUNK, retention, a, b, lengths, **options)[
+        1
+    ]
+    short = {
+        s: (sparse[s], gpu[s], every[s])
+        for s in lengths
+        if sparse[s] < min(gpu[s], every[s])
+    }
+    assert not short, f"(offload, GPU, every chunk) hits {short}"
+
+
+@functools.cache
+def mamba_cache_modes() -> tuple[str, ...]:
+    """The Mamba cache modes this tree's GPU prefix cache takes: vLLM 0.33.0
+    caches Mamba prefixes in "align" mode only (MambaManager asserts it)."""
+    config = KVCacheConfig(
+        num_blocks=16,
+        kv_cache_tensors=[],
+        kv_cache_groups=groups(full(8), mamba(8, "all")),
+    )
+    try:
+        make_kv_cache_manager(
+            config, max_model_len=64, enable_caching=True, hash_block_size=8
+        )
+    except AssertionError:
+        return ("align",)
+    return ("align", "all")
+
+
+@st.composite
+def mamba_cases(draw):
+    block = draw(st.sampled_from([8, 16]))
+    mode = draw(st.sampled_from(mamba_cache_modes()))
+    blocks_per_chunk = draw(st.sampled_from([1, 1, 2]))
+    chunk = block * blocks_per_chunk
+    retention = draw(st.sampled_from([None, 0, 1, 2]))
+    return dict(
+        block=block,
+        mode=mode,
+        checkpoints=draw(st.sampled_from([0, 2])) if mode == "align" else 0,
+        window=draw(st.none() | st.integers(1, 48)),
+        eagle=draw(st.booleans()),
+        blocks_per_chunk=blocks_per_chunk,
+        retention=retention * chunk if retention else retention,
+        num_prompt=draw(st.integers(16, 150)),
+    )
+
+
+def mamba_hits(case, stores) -> tuple[dict, dict]:
+    """GPU prefix-cache hits (the scheduler that ran A, at the case's
+    interval) and offload hits of what A stored (``stores``: the interval,
+    or EVERY_CHUNK) at every block edge up to A's prompt."""
+    specs = [
+        full(case["block"]),
+        mamba(case["block"], case["mode"], case["checkpoints"]),
+    ]
+    if case["window"] is not None:
+        specs.append(swa(case["block"], case["window"]))
+    kv_groups = groups(*specs, eagle=tuple(range(len(specs))) if case["eagle"] else ())
+    sim = OffloadSim(
+        kv_groups,
+        stores,
+        blocks_per_chunk=case["blocks_per_chunk"],
+        gpu_retention=case["retention"],
+        eagle_drafter=case["eagle"],
+    )
+    a = prompt(case["num_prompt"])
+    sim.run(a)
+    requests = {
+        s: sharing_request(a, s)
+        for s in range(case["block"], case["num_prompt"] + 1, case["block"])
+    }
+    gpu = {s: sim.gpu_lookup(b)[0] for s, b in requests.items()}
+    stored = set(sim.stored)
+    return gpu, {s: sim.probe_hit(b, stored) for s, b in requests.items()}
+
+
+@settings(
+    max_examples=int(os.environ.get("FORK_PROPERTY_EXAMPLES", "20")),
+    deadline=None,
+    derandomize="FORK_PROPERTY_EXAMPLES" not in os.environ,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(mamba_cases())
+def test_mamba_offload_tier_serves_what_the_gpu_cache_serves(case):
+    gpu, sparse = mamba_hits(case, case["retention"])
+    every = mamba_hits(case, EVERY_CHUNK)[1]
+    short = {
+        s: (sparse[s], gpu[s], every[s])
+        for s in gpu
+        if sparse[s] < min(gpu[s], every[s])
+    }
+    assert not short, f"sharing length: (offload, GPU, every chunk) hits {short}"
+    if case["retention"] is None:
+        assert sparse == every

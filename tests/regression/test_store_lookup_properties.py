@@ -30,9 +30,10 @@ come from the code under test.
     chunked-local attention (which vLLM caches densely) are untouched.
 
 Group kinds drawn: full attention, MLA, sliding window (also MLA), and
-chunked-local attention. Mamba groups cannot run here (vLLM's RequestRunner
-registers attention KV tensors only); the Mamba masks are covered by the
-series' unit tests and the E2E Granite model."""
+chunked-local attention. Mamba groups are drawn by the arbiter
+(test_offload_vs_gpu_cache.test_mamba_offload_tier_serves_what_the_gpu_cache_serves),
+whose GPU-side oracle comes from vLLM's scheduler: where a Mamba state exists
+depends on how it splits the prefill, which no hand-listed boundary models."""
 
 import os
 from collections import Counter

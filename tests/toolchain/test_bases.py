@@ -327,6 +327,7 @@ def test_move_pin_to_0_32_0_takes_ports_and_the_pr(tmp_path):
         "0007-Bugfix-Core-Retain-where-EAGLE-hits-land-under-spars.patch",
         *pr,
         "0013-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch",
+        "0015-KV-Connector-Offloading-Keep-the-Mamba-state-an-EAGL.patch",
     ]
     for name in names:
         source = ROOT / "upstream-pr" / name if name in pr else port / name
@@ -374,8 +375,9 @@ def test_move_pin_follows_trailers_ports_and_drop_list(tmp_path):
 
 
 def test_move_pin_to_0_33_0_is_the_pr_and_two_ports(tmp_path):
-    """On 0.33.0 patches 7 and 14 drop by their Drop-At: (upstream has
-    them), 12 by the drop list; (c) is the rebase upstream-pr/0.33.0/."""
+    """On 0.33.0 patches 7, 14 and 15 drop by their Drop-At: (upstream has
+    them or does not need them), 12 by the drop list; (c) is the rebase
+    upstream-pr/0.33.0/."""
     out = tmp_path / "moved"
     r = move_pin(ROOT / "patches", out, "0.33.0")
     assert r.returncode == 0, r.stderr
@@ -393,5 +395,5 @@ def test_move_pin_to_0_33_0_is_the_pr_and_two_ports(tmp_path):
     ]
     for name in pr:
         assert (out / name).read_bytes() == (pr_dir / name).read_bytes()
-    for n in ("0007", "0014"):
+    for n in ("0007", "0014", "0015"):
         assert f"drop   {n}-" in r.stderr and "Drop-At: 0.33.0" in r.stderr
