@@ -89,6 +89,16 @@ def gpu_hits(kv_cache_groups, retention, tokens: list[int], lengths) -> dict[int
     return hits
 
 
+def shortfalls(sparse: dict, gpu: dict, every: dict, lengths) -> dict:
+    """Sharing lengths where the offload tier serves less than both vLLM's
+    GPU prefix cache and every chunk stored: (offload, GPU, every chunk)."""
+    return {
+        s: (sparse[s], gpu[s], every[s])
+        for s in lengths
+        if sparse[s] < min(gpu[s], every[s])
+    }
+
+
 def only_chunked_local(case) -> bool:
     """A model of chunked-local attention only: vLLM's GPU cache then "hits"
     the attention chunks before the current one without any cached data
@@ -123,11 +133,7 @@ def hits_by_sharing_length(case) -> tuple[dict, dict, dict]:
 @given(cases().filter(lambda c: not (engine_refuses(c) or only_chunked_local(c))))
 def test_offload_tier_serves_what_the_gpu_cache_serves(case):
     sparse, every, gpu = hits_by_sharing_length(case)
-    short = {
-        s: (sparse[s], gpu[s], every[s])
-        for s in gpu
-        if sparse[s] < min(gpu[s], every[s])
-    }
+    short = shortfalls(sparse, gpu, every, gpu)
     assert not short, f"sharing length: (offload, GPU, every chunk) hits {short}"
 
 
@@ -154,11 +160,7 @@ def test_eagle_on_every_group_serves_what_the_gpu_cache_serves(retention):
     )
     sparse, every, gpu = hits_by_sharing_length(case)
     assert gpu[100] == 80
-    short = {
-        s: (sparse[s], gpu[s], every[s])
-        for s in gpu
-        if sparse[s] < min(gpu[s], every[s])
-    }
+    short = shortfalls(sparse, gpu, every, gpu)
     assert not short
     if retention == 32:
         assert [sparse[s] for s in (48, 60, 80, 92)] == [32, 32, 64, 64]
@@ -210,11 +212,7 @@ def test_shared_prefix_junction_serves_what_the_gpu_cache_serves(retention, eagl
         )
         every = junction_hits(kv_groups, EVERY_CHUNK, retention, a, b, lengths)[1]
         junctions.append(junction)
-        short = {
-            s: (sparse[s], gpu[s], every[s])
-            for s in lengths
-            if sparse[s] < min(gpu[s], every[s])
-        }
+        short = shortfalls(sparse, gpu, every, lengths)
         assert not short, f"B shares {shared}: (offload, GPU, every chunk) {short}"
     # A sparse GPU cache leaves junctions to serve; a dense one never does.
     assert any(junctions) == (retention is not None), junctions
@@ -252,14 +250,10 @@ def test_drawn_junctions_serve_what_the_gpu_cache_serves(case, where):
     gpu, sparse, _ = junction_hits(
         kv_groups, retention, retention, a, b, lengths, **options
     )
-    every = junction_hits(kv_groups, EVERY_CHUNK, retention, a, b, lengths, **options)[
-        1
-    ]
-    short = {
-        s: (sparse[s], gpu[s], every[s])
-        for s in lengths
-        if sparse[s] < min(gpu[s], every[s])
-    }
+    _, every, _ = junction_hits(
+        kv_groups, EVERY_CHUNK, retention, a, b, lengths, **options
+    )
+    short = shortfalls(sparse, gpu, every, lengths)
     assert not short, f"(offload, GPU, every chunk) hits {short}"
 
 
@@ -339,11 +333,7 @@ def mamba_hits(case, stores) -> tuple[dict, dict]:
 def test_mamba_offload_tier_serves_what_the_gpu_cache_serves(case):
     gpu, sparse = mamba_hits(case, case["retention"])
     every = mamba_hits(case, EVERY_CHUNK)[1]
-    short = {
-        s: (sparse[s], gpu[s], every[s])
-        for s in gpu
-        if sparse[s] < min(gpu[s], every[s])
-    }
+    short = shortfalls(sparse, gpu, every, gpu)
     assert not short, f"sharing length: (offload, GPU, every chunk) hits {short}"
     if case["retention"] is None:
         assert sparse == every
