@@ -308,14 +308,21 @@ class OffloadSim:
         self.stored = set(stored)
         return self.replay_hit(token_ids)
 
+    def every_chunk_keys(self, token_ids: list[int]) -> set[OffloadKey]:
+        """Every chunk a request with these tokens stores with no mask: what
+        a request extending a stored one adds past the stored end when it
+        computes it (a follow-up turn the GPU prefix cache misses there)."""
+        with _no_masks():
+            self.probe_hit(token_ids, set())
+        return set(self.stored)
+
     def full_attention_keys(self, token_ids: list[int]) -> set[OffloadKey]:
         """The full-attention chunks a request with these tokens stores: what
         a request extending a stored one adds when it hits the GPU prefix
         cache past the stored end (its other groups' blocks before that hit
         are null and never stored)."""
-        self.probe_hit(token_ids, set())
         return {
             k
-            for k in self.stored
+            for k in self.every_chunk_keys(token_ids)
             if get_offload_group_idx(k) in self.full_attention_groups
         }

@@ -218,6 +218,34 @@ def test_shared_prefix_junction_serves_what_the_gpu_cache_serves(retention, eagl
     assert any(junctions) == (retention is not None), junctions
 
 
+@pytest.mark.parametrize("with_full_attention", [False, True])
+@pytest.mark.parametrize("retention", [None, 0, 48])
+def test_follow_up_turn_finds_the_tail_before_its_peek_chunk(
+    retention, with_full_attention
+):
+    """EAGLE on a sliding window of 1 (block 8) offloaded in 24-token chunks,
+    alone or beside full attention (block 8). A stores its 32-token prompt:
+    chunk 0. B, a follow-up turn extending it, hits the GPU cache for chunk
+    0 and stores chunk 1. C shares 48 of B's tokens: its lookup matches
+    chunk 0 and the peek chunk 1, and hits 24 with every chunk stored (the
+    GPU cache serves 40). A kept no tail for that hit, whose peek chunk lay
+    past its prompt, and served 0 (FORK_PROPERTY_EXAMPLES=400 found it)."""
+    specs = [full(8), swa(8, 1)] if with_full_attention else [swa(8, 1)]
+    kv_groups = groups(*specs, eagle=tuple(range(len(specs))))
+    a = prompt(32)
+    b = sharing_request(a, 32)
+    lengths = range(8, len(b) + 1, 8)
+    gpu, sparse, _ = junction_hits(
+        kv_groups, retention, retention, a, b, lengths, blocks_per_chunk=3
+    )
+    every = junction_hits(
+        kv_groups, EVERY_CHUNK, retention, a, b, lengths, blocks_per_chunk=3
+    )[1]
+    assert every[48] == 24
+    short = shortfalls(sparse, gpu, every, lengths)
+    assert not short, f"(offload, GPU, every chunk) hits {short}"
+
+
 @settings(
     max_examples=int(os.environ.get("FORK_PROPERTY_EXAMPLES", "30")),
     deadline=None,

@@ -24,8 +24,16 @@ come from the code under test.
       stores only full attention there; requests sharing the retained
       boundaries past A's end (None, k > 0) hit as the reference (they fall
       back to A's last sliding-window tail);
+    - a follow-up turn extending A that hits the GPU prefix cache up to A's
+      last whole scheduler block stores every chunk past that hit: a request
+      sharing it as far as A's end and the EAGLE peek
+      chunk, or further, hits at least what the reference gives at that
+      length (with None, as the reference at every length; with decode
+      offloading and k >= 0 no floor: A's end is unknown when its last tails
+      are stored);
 (b) no wasted stores: every stored sliding-window chunk serves one of those
-    required lookups (with decode offloading, at most one tail per group);
+    required lookups, a follow-up turn's included (with decode offloading,
+    at most one tail per group);
 (c) sparse stores are a subset of the reference's; full attention and
     chunked-local attention (which vLLM caches densely) are untouched.
 
@@ -196,6 +204,17 @@ def extension_lengths(case) -> list[int]:
     return [s for s in (first, first + segment) if s < len(extension(case))]
 
 
+def follow_up_lengths(case) -> list[int]:
+    """Sharing lengths of a follow-up turn (extension) from A's stored end
+    and the EAGLE peek past it, as far as its hits can still fall back into
+    A's chunks: that length, and every chunk edge of any group up to two of
+    the largest chunks and the peek past A's end."""
+    end = len(stored_sequence(case))
+    last = end + 2 * max(case["chunks"]) + case["peek"]
+    edges = {e for c in case["chunks"] for e in range(c, last + 1, c) if e > end}
+    return sorted(edges | {end + case["peek"]})
+
+
 def sharing_request(tokens: list[int], s: int) -> list[int]:
     """A request sharing the first s tokens, then its own."""
     return tokens[:s] + prompt(40, seed=1000 + s)
@@ -230,12 +249,28 @@ def simulate(case, retention):
         extended = extension(case)
         cont = stored | sim.full_attention_keys(extended)
         hits[s] = sim.probe_hit(extended[:s] + prompt(40, seed=2000 + s), cont)
+    # A follow-up turn hits the GPU prefix cache at most as far as A's last
+    # whole scheduler block (the LCM of the groups' blocks), computes the
+    # rest and stores every chunk past that hit: requests sharing it hit A's
+    # tails before those chunks, an EAGLE lookup's peek chunk past A's end
+    # included.
+    extended = extension(case)
+    gpu_block = lcm(*(block for _, block, _ in case["layout"]))
+    gpu_hit = tokens[: case["num_prompt"] // gpu_block * gpu_block]
+    cont = stored | (
+        sim.every_chunk_keys(extended)
+        - (sim.every_chunk_keys(gpu_hit) if gpu_hit else set())
+    )
+    follow_up = {
+        s: sim.probe_hit(extended[:s] + prompt(40, seed=4000 + s), cont)
+        for s in follow_up_lengths(case)
+    }
     # Which of A's chunks the required lookups used, before any other probe.
     used = sim.looked_up_hits & stored
     for s in probe_lengths(case):
         if s not in hits:
             hits[s] = probe(sim, stored, case, s)
-    return stored, replay, hits, used
+    return stored, replay, hits, follow_up, used
 
 
 def engine_refuses(case) -> bool:
@@ -254,10 +289,25 @@ def engine_refuses(case) -> bool:
 )
 @given(cases().filter(lambda c: not engine_refuses(c)))
 def test_sparse_stores_match_every_chunk_stores(case):
-    every_stored, every_replay, every_hits, _ = simulate(case, EVERY_CHUNK)
-    stored, replay, hits, used = simulate(case, case["retention"])
+    every_stored, every_replay, every_hits, every_follow_up, _ = simulate(
+        case, EVERY_CHUNK
+    )
+    stored, replay, hits, follow_up, used = simulate(case, case["retention"])
     # (a) no lost hits.
     assert replay == every_replay
+    # A follow-up turn sharing A's end and the EAGLE peek past it, or more,
+    # hits at least as the reference does there; with None, as the reference
+    # at every length. With decode offloading a running request cannot know
+    # its end when it stores the last tails: only None keeps them (every
+    # chunk edge is a hit then).
+    first = len(stored_sequence(case)) + case["peek"]
+    for s, hit in follow_up.items():
+        floor = every_follow_up[s]
+        if case["retention"] is not None:
+            floor = 0
+            if case["offload_prompt_only"] and s >= first:
+                floor = every_follow_up[first]
+        assert every_follow_up[s] >= hit >= floor, ("follow-up", s, hit, floor)
     if case["retention"] is None:
         assert hits == every_hits
     else:
