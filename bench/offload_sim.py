@@ -246,7 +246,7 @@ class OffloadSim:
         self.hits: list[int | None] = []
         manager = self.runner.manager
         manager.prepare_store.side_effect = self._prepare_store
-        manager.prepare_load.side_effect = lambda keys, ctx: MockLoadStoreSpec(keys)
+        manager.prepare_load.side_effect = self._prepare_load
         manager.lookup.side_effect = self._lookup
         connector = self.runner.connector_scheduler
         matched = connector.get_num_new_matched_tokens
@@ -262,6 +262,13 @@ class OffloadSim:
         keys = list(keys)
         self.stored.update(keys)
         return generate_store_output(keys)
+
+    def _prepare_load(self, keys, req_context):
+        # A load restores exactly these chunks: one the tier does not hold
+        # would be read as KV (the CPU tier's prepare_load asserts).
+        missing = [key for key in keys if key not in self.stored]
+        assert not missing, f"load of {len(missing)} chunk(s) the tier does not hold"
+        return MockLoadStoreSpec(keys)
 
     def _lookup(self, key, req_context):
         if key in self.stored:

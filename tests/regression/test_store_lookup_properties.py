@@ -37,7 +37,8 @@ come from the code under test.
 (c) sparse stores are a subset of the reference's; full attention and
     chunked-local attention (which vLLM caches densely) are untouched.
 
-Group kinds drawn: full attention, MLA, sliding window (also MLA), and
+Group kinds drawn: full attention, MLA, sliding window (also MLA, and one
+that keeps extra_retained_tokens of history for multi-token MTP), and
 chunked-local attention. Mamba groups are drawn by the arbiter
 (test_offload_vs_gpu_cache.test_mamba_offload_tier_serves_what_the_gpu_cache_serves),
 whose GPU-side oracle comes from vLLM's scheduler: where a Mamba state exists
@@ -55,10 +56,14 @@ from bench.offload_sim import EVERY_CHUNK, OffloadSim, chunked_local, full, grou
 
 from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
 import vllm.v1.core.kv_cache_coordinator as coordinator
-from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
+from vllm.v1.kv_cache_interface import (
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.kv_offload.base import get_offload_group_idx as group_of
 
-WINDOWED = ("swa", "swa_mla")  # the kinds sparse retention may thin
+WINDOWED = ("swa", "swa_mla", "swa_mtp")  # the kinds sparse retention may thin
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
@@ -75,6 +80,12 @@ def make_spec(kind: str, block: int, arg: int | None):
         return swa(block, arg)
     if kind == "swa_mla":
         return SlidingWindowMLASpec(**common, sliding_window=arg)
+    if kind == "swa_mtp":
+        # Multi-token MTP keeps 1-4 more tokens of history on the GPU, which
+        # a load restores too.
+        return SlidingWindowSpec(
+            **common, sliding_window=arg, extra_retained_tokens=1 + arg % 4
+        )
     assert kind == "chunked"
     return chunked_local(block, arg)
 
@@ -85,7 +96,7 @@ def cases(draw):
     full_kind = draw(st.sampled_from([None, "full", "full", "mla"]))
     full_block = draw(st.sampled_from([8, 16]))
     kinds = [
-        draw(st.sampled_from(["swa", "swa", "swa_mla", "chunked"]))
+        draw(st.sampled_from(["swa", "swa", "swa_mla", "swa_mtp", "chunked"]))
         for _ in range(draw(st.integers(1, 2)))
     ]
     # One block size for all groups where RequestRunner (blocks_per_chunk > 1)
