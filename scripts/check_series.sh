@@ -3,7 +3,8 @@
 # every series entry exists, no patch file is left out of the series, each patch
 # carries a Subject, a Signed-off-by of its author (DCO) and the rebase trailers (Origin,
 # Upstream-Status, Forwarded; a patch under the series' "(b)" heading names the
-# upstream PR it backports in Origin and the release that has it in Drop-At),
+# upstream PR it backports in Origin and the release that has it in Drop-At;
+# the patches under "(c)" are upstream-pr/'s commits, message for message),
 # new Python files carry an SPDX header, and each patch, applied in order on
 # the base in a scratch worktree, passes ruff (check and format) under the
 # pinned tree's own config on the files it touches, and no patch changes
@@ -73,6 +74,35 @@ for p in "${entries[@]}"; do
     grep -qxF "Signed-off-by: $author" <<<"$msg" ||
         errors+=("$p: the author ($author) has no Signed-off-by: line")
 done
+
+# Block (c) is upstream-pr/ backported: the same commits in the same order,
+# each with the PR commit's subject and body (the trailers aside; a backport
+# says in Backport-Notes: what differs on this base).
+# message_of PATCH: its subject and body without the trailing trailer lines.
+message_of() {
+    local body
+    body=$(mktemp)
+    git mailinfo "$body" /dev/null <"$1" | sed -n 's/^Subject: //p'
+    sed '/^---$/q' "$body" | awk '{ line[NR] = $0 } END {
+        n = NR
+        while (n > 0 && (line[n] == "" || line[n] ~ /^(Origin|Upstream-Status|Forwarded|Signed-off-by|Backport-Notes|Drop-At): /)) n--
+        for (i = 1; i <= n; i++) print line[i]
+    }'
+    rm -f "$body"
+}
+mapfile -t block_c < <(for p in "${entries[@]}"; do [ "$(series_block "$p")" != c ] || echo "$p"; done)
+if [ ${#block_c[@]} -gt 0 ]; then
+    pr_dir=$ROOT/upstream-pr
+    mapfile -t pr_entries < <(sed 's/#.*//; /^[[:space:]]*$/d' "$pr_dir/series")
+    [ ${#block_c[@]} = ${#pr_entries[@]} ] ||
+        errors+=("block (c) has ${#block_c[@]} patches, upstream-pr/series ${#pr_entries[@]}: it is upstream-pr/ backported, commit for commit")
+    for i in "${!block_c[@]}"; do
+        [ -n "${pr_entries[$i]:-}" ] && [ -f "$PATCHES/${block_c[$i]}" ] || continue
+        if [ "$(message_of "$PATCHES/${block_c[$i]}")" != "$(message_of "$pr_dir/${pr_entries[$i]}")" ]; then
+            errors+=("${block_c[$i]}: its subject or body differs from upstream-pr/${pr_entries[$i]} (block (c) takes the PR commit's message; put what differs on this base in Backport-Notes:)")
+        fi
+    done
+fi
 
 # Compiled sources: the release's precompiled kernels would be stale.
 while IFS= read -r touch; do
