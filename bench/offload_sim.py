@@ -1,56 +1,64 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A store-then-lookup simulation over the real OffloadingConnectorScheduler:
-the one harness of the regression tests (tests/regression) and the defect
-cases (bench/replay_cases.py).
+"""The one store-then-lookup harness: the PR's StoreLookupSim (upstream-pr/0005,
+tests/v1/kv_connector/unit/offloading_connector/test_store_lookup.py), with
+what the regression tests (tests/regression) and the defect cases
+(bench/replay_cases.py) add to run it as an engine would.
 
 Request A runs to completion and its chunks are stored into an in-memory set;
 then the GPU prefix cache is reset and request B is looked up against that set.
 The offloading manager is vLLM's test mock, answering from the set. It runs
 on the vLLM tree first on sys.path: the fork (0.29.0 + patches/), or another
-base with or without upstream-pr/ (e.g. stock 0.32.0)."""
+base with or without upstream-pr/ (a stock base runs the fork's copy of the
+harness)."""
 
 import functools
 import importlib
+import importlib.util
 import inspect
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from unittest import mock
 
 import torch
 
-from tests.v1.kv_connector.unit.offloading_connector.utils import (
-    MockLoadStoreSpec,
-    RequestRunner,
-    generate_store_output,
-)
+from tests.v1.kv_connector.unit.offloading_connector.utils import MockLoadStoreSpec
 from tests.v1.kv_connector.unit.utils import EOS_TOKEN_ID
 from vllm import SamplingParams
-from vllm.v1.kv_cache_interface import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
-from vllm.v1.kv_offload.base import LookupResult, OffloadKey, get_offload_group_idx
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
+from vllm.v1.kv_offload.base import OffloadKey
 from vllm.v1.request import Request
 
-
-def _layer(block_size: int) -> dict:
-    """One tiny layer: the specs' sizes do not matter to the scheduler."""
-    return dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-
-
-def full(block_size: int) -> FullAttentionSpec:
-    return FullAttentionSpec(**_layer(block_size))
+_HARNESS = "tests.v1.kv_connector.unit.offloading_connector.test_store_lookup"
+# The fork's tree (scripts/apply_and_build.sh), which carries the harness.
+_FORK_TREE = Path(__file__).resolve().parents[1] / "upstream" / "vllm"
 
 
-def swa(block_size: int, window: int) -> SlidingWindowSpec:
-    return SlidingWindowSpec(**_layer(block_size), sliding_window=window)
+def _harness():
+    """The harness module of the tree under test, or the fork's where the
+    tree has none (a stock base)."""
+    try:
+        return importlib.import_module(_HARNESS)
+    except ModuleNotFoundError as e:
+        if e.name != _HARNESS:
+            raise
+    path = _FORK_TREE / (_HARNESS.replace(".", "/") + ".py")
+    if not path.is_file():
+        raise SystemExit(f"no {path}: run scripts/apply_and_build.sh first")
+    spec = importlib.util.spec_from_file_location("fork_store_lookup", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def chunked_local(block_size: int, chunk: int) -> ChunkedLocalAttentionSpec:
-    return ChunkedLocalAttentionSpec(**_layer(block_size), attention_chunk_size=chunk)
+_store_lookup = _harness()
+StoreLookupSim = _store_lookup.StoreLookupSim
+# Retention setting of the reference that stores every chunk (no mask at all).
+EVERY_CHUNK = _store_lookup.EVERY_CHUNK
+# Tiny layers of each kind: the specs' sizes do not matter to the scheduler.
+full = _store_lookup._full
+swa = _store_lookup._swa
+chunked_local = _store_lookup._chunked_local
+groups = _store_lookup._groups
 
 
 def mamba(block_size: int, cache_mode: str, checkpoints: int = 0) -> MambaSpec:
@@ -65,15 +73,6 @@ def mamba(block_size: int, cache_mode: str, checkpoints: int = 0) -> MambaSpec:
     )
 
 
-def groups(*specs, eagle: tuple[int, ...] = ()) -> list[KVCacheGroupSpec]:
-    return [
-        KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=i in eagle)
-        for i, spec in enumerate(specs)
-    ]
-
-
-# Retention setting of the reference that stores every chunk (no mask at all).
-EVERY_CHUNK = "every-chunk"
 # OffloadSim's default GPU prefix-cache interval: the engine setting's.
 AS_ENGINE = "as-engine"
 _SCHED = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
@@ -90,18 +89,6 @@ def _no_masks():
         "_reachable_store_block_mask",
         return_value=None,
     )
-
-
-def _retention_kwargs(retention: int | None) -> dict:
-    """The retention keyword of the tree's RequestRunner (0.32.0:
-    retention_interval, the 0.29.0 fork: prefix_cache_retention_interval)."""
-    params = inspect.signature(RequestRunner).parameters
-    for name in ("retention_interval", "prefix_cache_retention_interval"):
-        if name in params:
-            return {name: retention}
-    if retention is not None:
-        raise SystemExit("this tree's RequestRunner takes no retention interval")
-    return {}
 
 
 _SAFETENSORS_METADATA = "vllm.transformers_utils.config.try_get_safetensors_metadata"
@@ -196,12 +183,13 @@ def _attention_shaped_mamba_pages():
         yield
 
 
-class OffloadSim:
-    """``retention``: None / 0 / k as the engine setting, or EVERY_CHUNK for a
-    reference whose stores skip nothing. ``gpu_retention``: the GPU prefix
-    cache's interval (default: the engine setting; None for EVERY_CHUNK).
-    ``eagle_drafter``: the engine runs an EAGLE drafter (see _engine_config).
-    Mamba groups (``mamba``) run in their cache mode."""
+class OffloadSim(StoreLookupSim):
+    """The PR's StoreLookupSim, as an engine runs it. ``retention``: None /
+    0 / k as the engine setting, or EVERY_CHUNK for a reference whose stores
+    skip nothing. ``gpu_retention``: the GPU prefix cache's interval
+    (default: the engine setting; None for EVERY_CHUNK). ``eagle_drafter``:
+    the engine runs an EAGLE drafter (see _engine_config). Mamba groups
+    (``mamba``) run in their cache mode. A load must find what it loads."""
 
     def __init__(
         self,
@@ -213,17 +201,13 @@ class OffloadSim:
         gpu_retention: int | None | str = AS_ENGINE,
         eagle_drafter: bool = False,
     ):
-        self.every_chunk = retention == EVERY_CHUNK
-        self.full_attention_groups = {
-            i
-            for i, g in enumerate(kv_cache_groups)
-            if isinstance(g.kv_cache_spec, FullAttentionSpec)
-        }
-        if self.every_chunk:
+        # The base switches the masks off by their name on its own base;
+        # _no_masks() knows the stock bases too.
+        self.no_masks = retention == EVERY_CHUNK
+        if self.no_masks:
             retention = None
         if gpu_retention == AS_ENGINE:
             gpu_retention = retention
-        block_size = min(g.kv_cache_spec.block_size for g in kv_cache_groups)
         # Offline, the hub client retries the weights metadata with a sleep
         # before giving up; its answer (none) is known here.
         with (
@@ -232,36 +216,14 @@ class OffloadSim:
             _engine_config(eagle_drafter, _mamba_cache_mode(kv_cache_groups)),
             _attention_shaped_mamba_pages(),
         ):
-            self.runner = RequestRunner(
-                block_size=block_size,
+            super().__init__(
+                kv_cache_groups,
+                retention,
+                offload_prompt_only=offload_prompt_only,
                 blocks_per_chunk=blocks_per_chunk,
-                num_gpu_blocks=2000,
                 async_scheduling=async_scheduling,
-                kv_cache_groups=kv_cache_groups,
-                extra_config_overrides={"offload_prompt_only": offload_prompt_only},
-                **_retention_kwargs(retention),
             )
-        self.stored: set[OffloadKey] = set()
-        self.looked_up_hits: set[OffloadKey] = set()
-        self.hits: list[int | None] = []
-        manager = self.runner.manager
-        manager.prepare_store.side_effect = self._prepare_store
-        manager.prepare_load.side_effect = self._prepare_load
-        manager.lookup.side_effect = self._lookup
-        connector = self.runner.connector_scheduler
-        matched = connector.get_num_new_matched_tokens
-
-        def record_hit(request, num_computed_tokens, **kwargs):
-            result = matched(request, num_computed_tokens, **kwargs)
-            self.hits.append(result[0])
-            return result
-
-        connector.get_num_new_matched_tokens = record_hit
-
-    def _prepare_store(self, keys, req_context):
-        keys = list(keys)
-        self.stored.update(keys)
-        return generate_store_output(keys)
+        self.runner.manager.prepare_load.side_effect = self._prepare_load
 
     def _prepare_load(self, keys, req_context):
         # A load restores exactly these chunks: one the tier does not hold
@@ -270,22 +232,9 @@ class OffloadSim:
         assert not missing, f"load of {len(missing)} chunk(s) the tier does not hold"
         return MockLoadStoreSpec(keys)
 
-    def _lookup(self, key, req_context):
-        if key in self.stored:
-            self.looked_up_hits.add(key)
-            return LookupResult.HIT
-        return LookupResult.MISS
-
     def run(self, token_ids: list[int], kv_transfer_params: dict | None = None) -> int:
-        """Run one request to its end; return its external hit tokens."""
-        self.hits.clear()
-        self.runner.new_request(
-            token_ids=token_ids, kv_transfer_params=kv_transfer_params
-        )
-        with _no_masks() if self.every_chunk else nullcontext():
-            self.runner._run(decoded_tokens=[EOS_TOKEN_ID], complete_transfers=True)
-        assert self.hits, "the connector was never asked for matched tokens"
-        return self.hits[0] or 0
+        with _no_masks() if self.no_masks else nullcontext():
+            return super().run(token_ids, kv_transfer_params)
 
     def gpu_lookup(self, token_ids: list[int]) -> tuple[int, int]:
         """What the GPU prefix cache holds now for a new request with these
@@ -309,12 +258,6 @@ class OffloadSim:
         self.runner.scheduler.reset_prefix_cache()
         return self.run(token_ids)
 
-    def probe_hit(self, token_ids: list[int], stored: set[OffloadKey]) -> int:
-        """replay_hit against exactly ``stored`` (e.g. what one request
-        stored): the probe's own stores do not reach later probes."""
-        self.stored = set(stored)
-        return self.replay_hit(token_ids)
-
     def every_chunk_keys(self, token_ids: list[int]) -> set[OffloadKey]:
         """Every chunk a request with these tokens stores with no mask: what
         a request extending a stored one adds past the stored end when it
@@ -322,14 +265,3 @@ class OffloadSim:
         with _no_masks():
             self.probe_hit(token_ids, set())
         return set(self.stored)
-
-    def full_attention_keys(self, token_ids: list[int]) -> set[OffloadKey]:
-        """The full-attention chunks a request with these tokens stores: what
-        a request extending a stored one adds when it hits the GPU prefix
-        cache past the stored end (its other groups' blocks before that hit
-        are null and never stored)."""
-        return {
-            k
-            for k in self.every_chunk_keys(token_ids)
-            if get_offload_group_idx(k) in self.full_attention_groups
-        }
