@@ -101,7 +101,8 @@ def replay_cases(path: Path) -> str:
             f"{path} is missing: run bench/replay_cases.py on the base's stock tree "
             "and its series tree (the command is in upstream-pr/replay_cases.md)"
         )
-    return path.read_text()
+    # Its "## Regenerate" section (the fork's commands) stays in the fork.
+    return re.sub(r"\n## Regenerate\b.*\Z", "\n", path.read_text(), flags=re.S)
 
 
 def main() -> None:

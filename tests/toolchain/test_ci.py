@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The ci/ pipelines cannot run here: lint them (actionlint, zizmor), and
 check that the GPU job's script runs what tests/upstream_deselect.txt sets
-aside for want of CUDA."""
+aside for want of CUDA; the PR description leaves the fork's commands out."""
 
+import importlib.util
 import re
 import subprocess
 
@@ -44,3 +45,19 @@ def test_gpu_script_selects_the_cuda_deselections():
     ).stdout.split()  # fmt: skip
     assert "tests/v1/kv_connector/unit/test_offloading_connector.py::test_cpu_offloading_metrics" in sel
     assert "grep -Ei '#.*(cuda|gpu)'" in (ROOT / "ci" / "gpu_tests.sh").read_text()
+
+
+def test_pr_description_leaves_the_fork_commands_out():
+    """The defect-case tables go into the PR description without their
+    "## Regenerate" section (the fork's paths and scripts), and each file
+    has one."""
+    spec = importlib.util.spec_from_file_location(
+        "render_pr_description", ROOT / "scripts" / "render_pr_description.py"
+    )
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    for path in (ROOT / "upstream-pr").glob("**/replay_cases.md"):
+        assert "\n## Regenerate\n" in path.read_text(), path
+        text = render.replay_cases(path)
+        assert "| case | probe |" in text, path
+        assert "Regenerate" not in text and "bench.replay_cases" not in text, path
