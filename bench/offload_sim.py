@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The one store-then-lookup harness: the PR's StoreLookupSim (upstream-pr/0005,
+"""The one store-then-lookup harness: the PR's StoreLookupSim (upstream-pr/0006,
 tests/v1/kv_connector/unit/offloading_connector/test_store_lookup.py), with
 what the regression tests (tests/regression) and the defect cases
 (bench/replay_cases.py) add to run it as an engine would.
