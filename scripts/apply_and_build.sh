@@ -7,6 +7,13 @@
 # the CPU kernels from source (scripts/install_vllm.sh).
 source "$(dirname "$0")/lib.sh"
 
+# Refuse a bad argument before the long steps, not at step 3.
+case "${1:-}" in
+"" | --reset) [ $# -le 1 ] || die "usage: $0 [--reset]" ;;
+-h | --help) sed -n '2,7s/^# \{0,1\}//p' "$0"; echo "usage: $0 [--reset]"; exit 0 ;;
+*) die "usage: $0 [--reset]" ;;
+esac
+
 mode=$(kernel_mode)
 log "kernels: $mode"
 

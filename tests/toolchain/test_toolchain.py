@@ -82,6 +82,15 @@ def test_changed_series_reapplies_from_base(scripts):
     assert applied_subjects(scripts.tree) == []
 
 
+def test_apply_and_build_refuses_a_bad_argument_before_any_step(scripts):
+    r = scripts.run("apply_and_build.sh", "--rest")
+    assert r.returncode != 0
+    assert "usage:" in r.stderr and "--reset" in r.stderr
+    assert "== 1/5" not in r.stderr  # no step ran
+    r = scripts.run("apply_and_build.sh", "--help")
+    assert r.returncode == 0 and "usage:" in r.stdout and "== 1/5" not in r.stderr
+
+
 def test_refuses_other_version(scripts):
     tag = LOCK["BASE_TAG"]
     (scripts.tree / "pyproject.toml").write_text("# not the release\n")
