@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """Does the scheduler cost figure reproduce? Compare two benchmark runs
-(their summary.json) cell by cell: the fork / stock cost ratio of each, the
+(their summary.json, or the OUT.json of two `bench.cost_trees` runs of a
+stock tree and one fork tree) cell by cell: the fork / stock cost ratio of each, the
 relative difference between the runs, and whether it is within the
 tolerance; where the runs recorded them, how much each side's CPU ns per
 token moved (which tree's floor a miss comes from). Store bytes and hits
 must be identical (they are deterministic).
 
     python -m bench.compare_runs RUN_A/summary.json RUN_B/summary.json [--out FILE.md]
+    python -m bench.compare_runs COST_A.json COST_B.json [--out FILE.md]
 """
 
 import argparse
@@ -17,9 +19,25 @@ TOLERANCE = 0.03
 
 
 def cells(path: Path) -> dict[tuple, dict]:
+    data = json.loads(path.read_text())
+    if isinstance(data, dict):
+        # bench.cost_trees: {"geometry:workload:variant:retention": {tree:
+        # {"floor", "bytes"}}}, the stock tree first and one fork tree.
+        def record(trees: dict) -> dict:
+            if len(trees) != 2:
+                raise SystemExit(f"{path}: compare two trees, not {list(trees)}")
+            base, fork = trees.values()
+            return {
+                "store_bytes": fork["bytes"],
+                "sched_cost_ratio": fork["floor"] / base["floor"],
+                "stock_cpu_ns_per_token": base["floor"],
+                "cpu_ns_per_token": fork["floor"],
+            }
+
+        return {tuple(k.split(":")): record(v) for k, v in data.items()}
     return {
-        (r["geometry"], r["workload"], r["variant"], r["retention"]): r
-        for r in json.loads(path.read_text())
+        (r["geometry"], r["workload"], r["variant"], str(r["retention"])): r
+        for r in data
     }
 
 
@@ -42,7 +60,7 @@ def main() -> int:
     for key in sorted(a, key=str):
         ra, rb = a[key], b[key]
         for field in ("store_bytes", "hit_tokens", "lost_hits"):
-            if ra[field] != rb[field]:
+            if field in ra and ra[field] != rb.get(field):
                 raise SystemExit(f"{key}: {field} differs ({ra[field]} vs {rb[field]})")
         diff = rb["sched_cost_ratio"] / ra["sched_cost_ratio"] - 1
         ok = abs(diff) <= TOLERANCE
