@@ -13,6 +13,9 @@
 #                       on the base: bench/results/<base>/summary.json (stock vs
 #                       stock + series, one run), the series' replay_cases.md,
 #                       and the test command's JUnit reports when present
+#   OUT/prs/NNNN.md     one PR description per commit, to send each as a PR
+#                       of its own (upstream-pr/stack.md: the order and the
+#                       1-2 line overviews)
 #
 # The narrative lives in upstream-pr/description.md (one section per template
 # heading); scripts/render_pr_description.py fills in the measured tables.
@@ -26,10 +29,6 @@ n=$(series_entries | wc -l)
 
 rm -rf "$out"
 mkdir -p "$out"
-"$PY" "$ROOT/scripts/render_pr_description.py" --base "$VLLM_VERSION" --tree "$TREE" \
-    --description "$ROOT/upstream-pr/description.md" --replay-cases "$PATCHES/replay_cases.md" \
-    --results "$ROOT/build/test-results" \
-    --out "$out/PR.md" --cover "$out/cover.txt"
 # Cover letter: the PR title as subject, its overview as the blurb, from
 # the patches' author.
 author=$(sed -n 's/^From: //p' "$PATCHES/$(series_entries | head -n 1)" | head -n 1)
@@ -37,6 +36,14 @@ name=${author% <*} email=${author##*<}
 GIT_AUTHOR_NAME=$name GIT_AUTHOR_EMAIL=${email%>} GIT_COMMITTER_NAME=$name GIT_COMMITTER_EMAIL=${email%>} \
     tgit -c core.abbrev=12 format-patch -q --cover-letter --zero-commit --no-signature \
     --cover-from-description=subject -o "$out" "$BASE_TAG..HEAD"
+# The rebase trailers are the fork's bookkeeping, not upstream's: drop them
+# from the messages (everything before the first "---").
+sed -i '1,/^---$/{/^\(Origin\|Upstream-Status\|Forwarded\): /d}' "$out"/0*.patch
+"$PY" "$ROOT/scripts/render_pr_description.py" --base "$VLLM_VERSION" --tree "$TREE" \
+    --description "$ROOT/upstream-pr/description.md" --replay-cases "$PATCHES/replay_cases.md" \
+    --results "$ROOT/build/test-results" \
+    --out "$out/PR.md" --cover "$out/cover.txt" \
+    --stack "$ROOT/upstream-pr/stack.md" --patches "$out" --prs "$out/prs"
 "$PY" - "$out/0000-cover-letter.patch" "$out/cover.txt" <<'PYEOF'
 import sys
 from pathlib import Path
@@ -46,10 +53,7 @@ text = letter.read_text().replace("*** SUBJECT HERE ***", title.strip(), 1)
 letter.write_text(text.replace("*** BLURB HERE ***", blurb.strip(), 1))
 PYEOF
 rm "$out/cover.txt"
-# The rebase trailers are the fork's bookkeeping, not upstream's: drop them
-# from the messages (everything before the first "---").
-sed -i '1,/^---$/{/^\(Origin\|Upstream-Status\|Forwarded\): /d}' "$out"/0*.patch
 missing=$(grep -L '^Signed-off-by: ' "$out"/0*-*.patch | grep -v /0000-cover-letter.patch || true)
 [ -z "$missing" ] || die "exported patches without a Signed-off-by: $missing"
-log "export: $n patches + cover letter and PR.md in $out"
+log "export: $n patches + cover letter, PR.md and prs/ (one per commit) in $out"
 ls -1 "$out" >&2

@@ -17,7 +17,12 @@ placeholders become measured tables:
   {{base}}           the base release
 
 The first line of description.md ("# title") is the PR title; the section
-"## Overview" also becomes the cover letter's blurb (--cover)."""
+"## Overview" also becomes the cover letter's blurb (--cover).
+
+With --stack and --patches, it also writes one PR description per commit
+(--prs DIR/NNNN.md), for sending each commit as a PR of its own: the
+overview and the commits it follows from upstream-pr/stack.md, the commit's
+message as its claims, and its test files as the validation."""
 
 import argparse
 import json
@@ -105,6 +110,87 @@ def replay_cases(path: Path) -> str:
     return re.sub(r"\n## Regenerate\b.*\Z", "\n", path.read_text(), flags=re.S)
 
 
+def fill_template(template: str, title: str, ours: dict[str, str]) -> str:
+    """The template with each heading's placeholder comment replaced by our
+    section of that heading."""
+
+    def fill(m: re.Match) -> str:
+        return f"## {m.group(1)}\n\n{ours[m.group(1)]}\n"
+
+    body = re.sub(r"^## ([^\n]+)\n\n<!--.*?-->\n", fill, template, flags=re.M | re.S)
+    return f"<!-- PR title: {title} -->\n\n{body}"
+
+
+def stack(path: Path) -> dict[str, tuple[str, str]]:
+    """upstream-pr/stack.md: commit number -> (commits it follows, overview)."""
+    rows = re.findall(r"^\| (\d{4}) \| ([^|]+) \| (.+) \|$", path.read_text(), re.M)
+    return {n: (after.strip(), overview.strip()) for n, after, overview in rows}
+
+
+def commit_message(patch: str) -> tuple[str, str]:
+    """(subject, body) of a `git format-patch` file."""
+    header, _, rest = patch.partition("\n\n")
+    subject = re.search(r"^Subject: (.*(?:\n .*)*)", header, re.M)
+    if subject is None:
+        raise SystemExit("a patch without a Subject: header")
+    title = re.sub(r"^\[PATCH[^\]]*\] ", "", " ".join(subject[1].split()))
+    body = rest.split("\n---\n", 1)[0]
+    body = re.sub(r"^Signed-off-by: .*\n?", "", body, flags=re.M)
+    return title, body.strip()
+
+
+def commit_prs(
+    template: str, rows: dict[str, tuple[str, str]], patches: list[Path], base: str
+) -> dict[str, str]:
+    """One PR description per exported commit, in the base's template."""
+    numbers = [p.name[:4] for p in patches]
+    if sorted(rows) != numbers:
+        raise SystemExit(
+            f"upstream-pr/stack.md lists commits {sorted(rows)}, "
+            f"the series has {numbers}"
+        )
+    wanted = re.findall(r"^## (.+)$", template, flags=re.M)
+    if wanted != ["Overview", "Claims", "Validation", "Details"]:
+        raise SystemExit(f"vLLM {base}'s PR template has sections {wanted}")
+    out = {}
+    for patch in patches:
+        number, text = patch.name[:4], patch.read_text()
+        title, body = commit_message(text)
+        after, overview = rows[number]
+        tests = sorted(set(re.findall(r"^diff --git a/(tests/\S+\.py) ", text, re.M)))
+        order = (
+            "It applies alone on the release."
+            if after == "none"
+            else f"Stacked: it follows the PRs of commits {after} of this series."
+        )
+        if tests:
+            validation = (
+                f"The tests this commit adds or changes, on vLLM {base}'s CPU "
+                "platform (the commit's message names the ones that fail "
+                "without it):\n\n```bash\npytest -m cpu_test "
+                + " ".join(tests)
+                + "\n```"
+            )
+        else:
+            validation = (
+                "No test changes: the existing suites pass unchanged "
+                "(`pytest -m cpu_test tests/v1/kv_connector/unit tests/v1/core`)."
+            )
+        ours = {
+            "Overview": f"{overview}\n\n{order}",
+            "Claims": body,
+            "Validation": validation,
+            "Details": (
+                f"Commit {number} of {len(patches)} of the offloading sparse-store "
+                "series; its measurements as a whole (store bytes, lost hits, "
+                "scheduler cost, defect cases before and after) are in the "
+                "series' cover description."
+            ),
+        }
+        out[number] = fill_template(template, title, ours)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base", required=True)
@@ -114,7 +200,12 @@ def main() -> None:
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cover", type=Path, required=True)
+    parser.add_argument("--stack", type=Path, help="upstream-pr/stack.md")
+    parser.add_argument("--patches", type=Path, help="the exported patches")
+    parser.add_argument("--prs", type=Path, help="where NNNN.md go")
     args = parser.parse_args()
+    if args.stack and not (args.patches and args.prs):
+        parser.error("--stack needs --patches and --prs")
 
     title, ours = sections(args.description.read_text())
     values = {
@@ -122,7 +213,9 @@ def main() -> None:
         "bench": bench_table(args.base),
         "capacity": capacity_table(args.base),
         # Its own title would be a second H1 inside the description.
-        "replay_cases": re.sub(r"\A# .*\n+", "", replay_cases(args.replay_cases)).strip(),
+        "replay_cases": re.sub(
+            r"\A# .*\n+", "", replay_cases(args.replay_cases)
+        ).strip(),
         "tests": tests_table(args.results, args.base),
     }
     for heading, body in ours.items():
@@ -138,13 +231,19 @@ def main() -> None:
             f"missing sections {missing}, sections the template lacks {extra}"
         )
 
-    def fill(m: re.Match) -> str:
-        return f"## {m.group(1)}\n\n{ours[m.group(1)]}\n"
-
-    # Each heading's placeholder comment is replaced by our section.
-    body = re.sub(r"^## ([^\n]+)\n\n<!--.*?-->\n", fill, template, flags=re.M | re.S)
-    args.out.write_text(f"<!-- PR title: {title} -->\n\n{body}")
+    args.out.write_text(fill_template(template, title, ours))
     args.cover.write_text(f"{title}\n\n{ours[wanted[0]]}\n")
+    if args.stack:
+        args.prs.mkdir(parents=True, exist_ok=True)
+        patches = [
+            p
+            for p in sorted(args.patches.glob("[0-9][0-9][0-9][0-9]-*.patch"))
+            if not p.name.startswith("0000-")  # the cover letter
+        ]
+        for name, text in commit_prs(
+            template, stack(args.stack), patches, args.base
+        ).items():
+            (args.prs / f"{name}.md").write_text(text)
 
 
 if __name__ == "__main__":
