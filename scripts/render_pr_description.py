@@ -163,13 +163,16 @@ def commit_prs(
             if after == "none"
             else f"Stacked: it follows the PRs of commits {after} of this series."
         )
+        added = re.findall(r"^\+\s*def (test_\w+)\(", text, re.M)
         if tests:
             validation = (
-                f"The tests this commit adds or changes, on vLLM {base}'s CPU "
-                "platform (the commit's message names the ones that fail "
-                "without it):\n\n```bash\npytest -m cpu_test "
-                + " ".join(tests)
-                + "\n```"
+                (
+                    f"New tests: {', '.join(f'`{t}`' for t in added)}.\n\n"
+                    if added
+                    else ""
+                )
+                + f"The test files this commit changes, on vLLM {base}'s CPU "
+                "platform:\n\n```bash\npytest -m cpu_test " + " ".join(tests) + "\n```"
             )
         else:
             validation = (

@@ -100,7 +100,11 @@ TEMPLATE = """<!-- markdownlint-disable -->
 
 
 def _patch(path, subject: str, body: str, files: list[str]) -> None:
-    diffs = "".join(f"diff --git a/{f} b/{f}\n--- a/{f}\n+++ b/{f}\n" for f in files)
+    diffs = "".join(
+        f"diff --git a/{f} b/{f}\n--- a/{f}\n+++ b/{f}\n"
+        + ("+def test_one():\n+    pass\n" if f.startswith("tests/") else "")
+        for f in files
+    )
     path.write_text(
         "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
         "From: A <a@example.invalid>\n"
@@ -130,6 +134,7 @@ def test_each_commit_gets_a_pr_description_of_its_own(tmp_path):
     assert one.startswith("<!-- PR title: [Bugfix] Fix one thing -->")  # unwrapped
     assert "## Overview\n\nFix one thing.\n\nIt applies alone" in one
     assert "## Claims\n\nWhy it was wrong.\n\n## Validation" in one  # no DCO line
+    assert "New tests: `test_one`." in one and "New tests" not in two
     assert (
         "pytest -m cpu_test tests/t_a.py\n" in one
         and "<!--" not in one.split("\n", 3)[3]
