@@ -187,9 +187,11 @@ class OffloadSim(StoreLookupSim):
     """The PR's StoreLookupSim, as an engine runs it. ``retention``: None /
     0 / k as the engine setting, or EVERY_CHUNK for a reference whose stores
     skip nothing. ``gpu_retention``: the GPU prefix cache's interval
-    (default: the engine setting; None for EVERY_CHUNK). ``eagle_drafter``:
-    the engine runs an EAGLE drafter (see _engine_config). Mamba groups
-    (``mamba``) run in their cache mode. A load must find what it loads."""
+    (default: the engine setting; None for EVERY_CHUNK). ``offload_retention``:
+    the offload tier's own interval, the connector's "retention_interval"
+    (default: the engine setting's). ``eagle_drafter``: the engine runs an
+    EAGLE drafter (see _engine_config). Mamba groups (``mamba``) run in their
+    cache mode. A load must find what it loads."""
 
     def __init__(
         self,
@@ -200,6 +202,7 @@ class OffloadSim(StoreLookupSim):
         async_scheduling: bool = False,
         gpu_retention: int | None | str = AS_ENGINE,
         eagle_drafter: bool = False,
+        offload_retention: int | None | str = AS_ENGINE,
     ):
         # The base switches the masks off by their name on its own base;
         # _no_masks() knows the stock bases too.
@@ -208,6 +211,12 @@ class OffloadSim(StoreLookupSim):
             retention = None
         if gpu_retention == AS_ENGINE:
             gpu_retention = retention
+        # Only trees whose connector reads its own interval take the option.
+        own_interval = (
+            {}
+            if offload_retention == AS_ENGINE
+            else {"offload_retention": offload_retention}
+        )
         # Offline, the hub client retries the weights metadata with a sleep
         # before giving up; its answer (none) is known here.
         with (
@@ -222,6 +231,7 @@ class OffloadSim(StoreLookupSim):
                 offload_prompt_only=offload_prompt_only,
                 blocks_per_chunk=blocks_per_chunk,
                 async_scheduling=async_scheduling,
+                **own_interval,
             )
         self.runner.manager.prepare_load.side_effect = self._prepare_load
 

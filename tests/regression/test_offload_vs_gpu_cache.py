@@ -46,8 +46,17 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from bench.offload_sim import EVERY_CHUNK, OffloadSim, full, groups, mamba, swa
+from bench.offload_sim import (
+    AS_ENGINE,
+    EVERY_CHUNK,
+    OffloadSim,
+    full,
+    groups,
+    mamba,
+    swa,
+)
 from test_store_lookup_properties import (
+    PAIRS,
     cases,
     engine_refuses,
     make_spec,
@@ -108,7 +117,9 @@ def only_chunked_local(case) -> bool:
 
 def hits_by_sharing_length(case) -> tuple[dict, dict, dict]:
     """Offload hits with the sparse stores, with every chunk stored, and the
-    GPU prefix cache's hits, at every chunk edge up to A's prompt."""
+    hits of a GPU prefix cache at the offload tier's interval, at every chunk
+    edge up to A's prompt (the engine's GPU cache runs at the case's
+    gpu_retention)."""
     kv_groups = groups(
         *(make_spec(kind, b, arg) for kind, b, arg in case["layout"]),
         eagle=case["eagle"],
@@ -137,6 +148,34 @@ def test_offload_tier_serves_what_the_gpu_cache_serves(case):
     assert not short, f"sharing length: (offload, GPU, every chunk) hits {short}"
 
 
+def pair_settings(default: int):
+    return settings(
+        max_examples=int(os.environ.get("FORK_PAIR_EXAMPLES", str(default))),
+        deadline=None,
+        derandomize="FORK_PAIR_EXAMPLES" not in os.environ,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: "gpu=%s-offload=%s" % p)
+def test_offload_tier_at_its_own_interval_serves_what_the_gpu_cache_serves(pair):
+    """The offload tier at its own interval (the connector's
+    "retention_interval") serves what vLLM's GPU prefix cache serves at that
+    interval, whatever the engine's GPU cache runs at: every (GPU, offload)
+    pair of interval kinds."""
+
+    @pair_settings(6)
+    @given(
+        cases(pair).filter(lambda c: not (engine_refuses(c) or only_chunked_local(c)))
+    )
+    def check(case):
+        sparse, every, gpu = hits_by_sharing_length(case)
+        short = shortfalls(sparse, gpu, every, gpu)
+        assert not short, f"(offload, GPU, every chunk) hits {short}"
+
+    check()
+
+
 @pytest.mark.parametrize("retention", [None, 0, 32])
 def test_eagle_on_every_group_serves_what_the_gpu_cache_serves(retention):
     """Issue 22's probe: full attention (block 16) and a sliding window of 8
@@ -154,6 +193,7 @@ def test_eagle_on_every_group_serves_what_the_gpu_cache_serves(retention):
         align=16,
         peek=4,
         retention=retention,
+        gpu_retention=retention,
         num_prompt=101,
         offload_prompt_only=True,
         async_scheduling=False,
@@ -304,12 +344,20 @@ def mamba_cache_modes() -> tuple[str, ...]:
 
 
 @st.composite
-def mamba_cases(draw):
+def mamba_cases(draw, pair: tuple | None = None):
+    """A drawn hybrid Mamba geometry; ``retention`` is the engine's interval
+    and ``offload`` the offload tier's (the same unless ``pair`` gives the
+    kinds of both)."""
     block = draw(st.sampled_from([8, 16]))
     mode = draw(st.sampled_from(mamba_cache_modes()))
     blocks_per_chunk = draw(st.sampled_from([1, 1, 2]))
     chunk = block * blocks_per_chunk
     retention = draw(st.sampled_from([None, 0, 1, 2]))
+    retention = retention * chunk if retention else retention
+    offload = retention
+    if pair is not None:
+        k = draw(st.sampled_from([1, 2])) * chunk
+        retention, offload = (k if kind == "k" else kind for kind in pair)
     return dict(
         block=block,
         mode=mode,
@@ -317,15 +365,17 @@ def mamba_cases(draw):
         window=draw(st.none() | st.integers(1, 48)),
         eagle=draw(st.booleans()),
         blocks_per_chunk=blocks_per_chunk,
-        retention=retention * chunk if retention else retention,
+        retention=retention,
+        offload=offload,
         num_prompt=draw(st.integers(16, 150)),
     )
 
 
-def mamba_hits(case, stores) -> tuple[dict, dict]:
+def mamba_hits(case, stores, offload=AS_ENGINE) -> tuple[dict, dict]:
     """GPU prefix-cache hits (the scheduler that ran A, at the case's
     interval) and offload hits of what A stored (``stores``: the interval,
-    or EVERY_CHUNK) at every block edge up to A's prompt."""
+    or EVERY_CHUNK; ``offload``: the offload tier's own interval) at every
+    block edge up to A's prompt."""
     specs = [
         full(case["block"]),
         mamba(case["block"], case["mode"], case["checkpoints"]),
@@ -339,6 +389,7 @@ def mamba_hits(case, stores) -> tuple[dict, dict]:
         blocks_per_chunk=case["blocks_per_chunk"],
         gpu_retention=case["retention"],
         eagle_drafter=case["eagle"],
+        offload_retention=offload,
     )
     a = prompt(case["num_prompt"])
     sim.run(a)
@@ -365,3 +416,24 @@ def test_mamba_offload_tier_serves_what_the_gpu_cache_serves(case):
     assert not short, f"sharing length: (offload, GPU, every chunk) hits {short}"
     if case["retention"] is None:
         assert sparse == every
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: "gpu=%s-offload=%s" % p)
+def test_mamba_offload_tier_at_its_own_interval(pair):
+    """The Mamba draws for every (GPU, offload) pair: the offload tier at
+    its interval serves what a GPU prefix cache at that interval serves (a
+    scheduler run at it), the engine's GPU cache at the other."""
+
+    @pair_settings(3)
+    @given(mamba_cases(pair))
+    def check(case):
+        at_offload = dict(case, retention=case["offload"])
+        gpu = mamba_hits(at_offload, case["offload"])[0]
+        sparse = mamba_hits(case, case["retention"], case["offload"])[1]
+        every = mamba_hits(case, EVERY_CHUNK)[1]
+        short = shortfalls(sparse, gpu, every, gpu)
+        assert not short, f"(offload, GPU, every chunk) hits {short}"
+        if case["offload"] is None:
+            assert sparse == every
+
+    check()

@@ -49,6 +49,7 @@ from collections import Counter
 from math import lcm
 from types import SimpleNamespace
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -90,8 +91,17 @@ def make_spec(kind: str, block: int, arg: int | None):
     return chunked_local(block, arg)
 
 
+# Interval kinds of the GPU prefix cache and the offload tier: None, 0, or a
+# multiple ("k") of the case's alignment and chunks.
+INTERVAL_KINDS = (None, 0, "k")
+PAIRS = [(gpu, offload) for gpu in INTERVAL_KINDS for offload in INTERVAL_KINDS]
+
+
 @st.composite
-def cases(draw):
+def cases(draw, pair: tuple | None = None):
+    """A drawn geometry and request. ``retention`` is the offload tier's
+    interval and ``gpu_retention`` the GPU prefix cache's: the same one
+    drawn from None / 0 / k unless ``pair`` gives their kinds."""
     blocks_per_chunk = draw(st.sampled_from([1, 1, 2, 3]))
     full_kind = draw(st.sampled_from([None, "full", "full", "mla"]))
     full_block = draw(st.sampled_from([8, 16]))
@@ -124,6 +134,10 @@ def cases(draw):
     retention = draw(st.sampled_from([None, 0, 1, 2]))
     if retention:
         retention *= lcm(align, *chunks)
+    gpu_retention = retention
+    if pair is not None:
+        k = draw(st.sampled_from([1, 2])) * lcm(align, *chunks)
+        gpu_retention, retention = (k if kind == "k" else kind for kind in pair)
     windowed_eagle = [chunks[i] for i in eagle if layout[i][0] in WINDOWED]
     return dict(
         layout=layout,
@@ -133,6 +147,7 @@ def cases(draw):
         align=align,
         peek=max(windowed_eagle, default=0),
         retention=retention,
+        gpu_retention=gpu_retention,
         num_prompt=draw(st.integers(16, 150)),
         offload_prompt_only=draw(st.booleans()),
         async_scheduling=draw(st.booleans()),
@@ -207,10 +222,10 @@ def extension_lengths(case) -> list[int]:
     GPU prefix cache holds A's output, so the extending request can hit it
     past the stored end (here A's output is one token, but a prompt-only
     store is decided with the prompt alone, its length unknown)."""
-    if case["retention"] == 0 or not case["offload_prompt_only"]:
+    if case["gpu_retention"] == 0 or not case["offload_prompt_only"]:
         return []
     end = len(stored_sequence(case))
-    segment = case["retention"] or case["align"]
+    segment = case["gpu_retention"] or case["align"]
     first = (end // segment + 1) * segment
     return [s for s in (first, first + segment) if s < len(extension(case))]
 
@@ -236,6 +251,12 @@ def probe(sim, stored, case, s: int) -> int:
 
 
 def simulate(case, retention):
+    """Store A and probe it: ``retention`` is EVERY_CHUNK (the reference) or
+    the case's offload interval, run beside its GPU prefix-cache interval."""
+    own_interval = {}
+    if retention != EVERY_CHUNK:
+        own_interval = {"offload_retention": retention}
+        retention = case["gpu_retention"]
     sim = OffloadSim(
         groups(
             *(make_spec(kind, b, arg) for kind, b, arg in case["layout"]),
@@ -245,6 +266,7 @@ def simulate(case, retention):
         case["offload_prompt_only"],
         case["blocks_per_chunk"],
         case["async_scheduling"],
+        **own_interval,
     )
     tokens = prompt(case["num_prompt"])
     sim.run(tokens)
@@ -287,7 +309,7 @@ def simulate(case, retention):
 def engine_refuses(case) -> bool:
     """vLLM refuses a positive interval for a model without a sliding-window
     group (nothing for it to thin): no engine runs such a case."""
-    return bool(case["retention"]) and not any(
+    return bool(case["retention"] or case["gpu_retention"]) and not any(
         kind in WINDOWED for kind, _, _ in case["layout"]
     )
 
@@ -300,6 +322,28 @@ def engine_refuses(case) -> bool:
 )
 @given(cases().filter(lambda c: not engine_refuses(c)))
 def test_sparse_stores_match_every_chunk_stores(case):
+    check_against_every_chunk(case)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: "gpu=%s-offload=%s" % p)
+def test_offload_interval_apart_from_the_gpu_cache(pair):
+    """The same properties at the offload tier's own interval, for every
+    (GPU prefix cache, offload tier) pair of interval kinds."""
+
+    @settings(
+        max_examples=int(os.environ.get("FORK_PAIR_EXAMPLES", "8")),
+        deadline=None,
+        derandomize="FORK_PAIR_EXAMPLES" not in os.environ,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    @given(cases(pair).filter(lambda c: not engine_refuses(c)))
+    def check(case):
+        check_against_every_chunk(case)
+
+    check()
+
+
+def check_against_every_chunk(case):
     every_stored, every_replay, every_hits, every_follow_up, _ = simulate(
         case, EVERY_CHUNK
     )

@@ -326,17 +326,17 @@ def test_move_pin_to_0_32_0_takes_ports_and_the_pr(tmp_path):
         "0003-Bugfix-Frontend-End-the-requests-in-flight-when-Asyn.patch",
         "0007-Bugfix-Core-Retain-where-EAGLE-hits-land-under-spars.patch",
         *pr,
-        "0022-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch",
-        "0024-KV-Connector-Offloading-Keep-the-Mamba-state-an-EAGL.patch",
+        "0023-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch",
+        "0025-KV-Connector-Offloading-Keep-the-Mamba-state-an-EAGL.patch",
     ]
     for name in names:
         source = ROOT / "upstream-pr" / name if name in pr else port / name
         assert (out / name).read_bytes() == source.read_bytes(), name
-    assert "drop   0023-" in r.stderr and "touches no chunk" in r.stderr
+    assert "drop   0024-" in r.stderr and "touches no chunk" in r.stderr
     assert "drop   0002-" in r.stderr and "Drop-At: 0.32.0" in r.stderr
     assert "drop   0008-" in r.stderr and "Drop-At: 0.31.0" in r.stderr
     # Block (c) is upstream-pr/ backported: each of its patches is replaced.
-    for n in range(9, 22):
+    for n in range(9, 23):
         assert f"drop   {n:04d}-" in r.stderr
     assert "(replaced by upstream-pr/)" in r.stderr
 
@@ -354,8 +354,8 @@ def test_move_pin_follows_trailers_ports_and_drop_list(tmp_path):
     dropped = patches / "port-0.32.0" / "dropped"
     lines = dropped.read_text().splitlines()
     dropped.write_text(
-        "\n".join(line for line in lines if not line.startswith("0023-"))
-        + "\n0022-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch"
+        "\n".join(line for line in lines if not line.startswith("0024-"))
+        + "\n0023-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch"
         + "  a reason of the test\n"
     )
     out = tmp_path / "moved"
@@ -367,9 +367,9 @@ def test_move_pin_follows_trailers_ports_and_drop_list(tmp_path):
     pin3 = next(patches.glob("0003-*.patch"))
     assert (out / pin3.name).read_bytes() == pin3.read_bytes()
     assert f"take   {pin3.name} (as on the pin)" in r.stderr
-    assert "0022-" not in series and "a reason of the test" in r.stderr
-    # 0023 is no longer in the drop list and carries no port: taken as is.
-    assert "take   0023-" in r.stderr
+    assert "0023-" not in series and "a reason of the test" in r.stderr
+    # 0024 is no longer in the drop list and carries no port: taken as is.
+    assert "take   0024-" in r.stderr
     other = tmp_path / "other"
     other.mkdir()
     (other / "keep.txt").write_text("mine\n")
@@ -379,7 +379,7 @@ def test_move_pin_follows_trailers_ports_and_drop_list(tmp_path):
 
 
 def test_move_pin_to_0_33_0_is_the_pr_and_two_ports(tmp_path):
-    """On 0.33.0 patches 7, 8, 23 and 24 drop by their Drop-At: (upstream
+    """On 0.33.0 patches 7, 8, 24 and 25 drop by their Drop-At: (upstream
     has them or does not need them); (c) is the rebase upstream-pr/0.33.0/."""
     out = tmp_path / "moved"
     r = move_pin(ROOT / "patches", out, "0.33.0")
@@ -394,10 +394,10 @@ def test_move_pin_to_0_33_0_is_the_pr_and_two_ports(tmp_path):
     assert names == [
         "0003-Bugfix-Frontend-End-the-requests-in-flight-when-Asyn.patch",
         *pr,
-        "0022-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch",
+        "0023-Perf-KV-Connector-Offloading-Skip-requests-with-noth.patch",
     ]
     for name in pr:
         assert (out / name).read_bytes() == (pr_dir / name).read_bytes()
-    for n in ("0007", "0023", "0024"):
+    for n in ("0007", "0024", "0025"):
         assert f"drop   {n}-" in r.stderr and "Drop-At: 0.33.0" in r.stderr
     assert "drop   0008-" in r.stderr and "Drop-At: 0.31.0" in r.stderr
