@@ -22,7 +22,9 @@ replay hit count, which the recorder run checks.
     python -m bench.capacity_driver CONFIG.json OUT.jsonl   (one JSON line per run)
 
 CONFIG: {"runs": [{"geometry", "workload", "retention", "stock", "small",
-"mode": "recorder" | "sweep", "budgets": [blocks], "policies": [...]}]}.
+"mode": "recorder" | "sweep", "budgets": [blocks], "policies": [...]}]}. A
+budget run's spec may carry "offload_retention", the connector's own interval
+(as in ``bench.driver``; absent: the GPU prefix cache's).
 """
 
 import dataclasses
@@ -32,7 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-from bench.driver import Sim, log, workload
+from bench.driver import (
+    Sim,
+    checked_offload_retention,
+    log,
+    offload_extra_config,
+    workload,
+)
 
 # Relative budget precision of the 90% bisection.
 BISECT_PRECISION = 1.2
@@ -129,8 +137,13 @@ def budget_run(spec: dict, rounds, blocks: int | None, policy: str) -> dict:
     sim = Sim(
         spec["geometry"],
         gpu_retention(spec),
-        connector_config={"cpu_bytes_to_use": budget, "eviction_policy": policy},
+        connector_config={
+            "cpu_bytes_to_use": budget,
+            "eviction_policy": policy,
+            **offload_extra_config(spec),
+        },
     )
+    checked_offload_retention(sim, spec, gpu_retention(spec))
     assert blocks is None or manager_blocks(sim.manager, "_num") == blocks
     counts = Counting(sim.manager)
     pass1(sim, rounds)

@@ -17,7 +17,10 @@ switched off, i.e. storing every complete chunk (the reference for hits).
     python -m bench.driver CONFIG.json OUT.jsonl   (one JSON line per run)
 
 CONFIG: {"runs": [{"geometry", "workload", "variant", "retention", "tree"}...],
-"quick": bool}.
+"quick": bool}. A run may carry "offload_retention": the OffloadingConnector's
+own retention interval (``retention_interval`` in its extra config); absent,
+the connector follows the GPU prefix cache's ``retention``. The run records
+the interval the connector used and raises if it is not the one asked for.
 """
 
 import contextlib
@@ -64,6 +67,40 @@ HOOKS = (
 
 def log(msg: str) -> None:
     print(f"[driver pid {os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+# The offload interval of a tree whose connector has none of its own (stock
+# 0.29.0 stores every chunk whatever the GPU prefix cache retains).
+NO_OFFLOAD_INTERVAL = "none of its own"
+
+
+class OffloadRetentionMismatch(RuntimeError):
+    """The connector runs at another offload interval than the run asked for
+    (a tree that ignores the key): its table would be silently wrong."""
+
+
+def offload_extra_config(spec: dict) -> dict:
+    """The connector's extra config for a run's own offload interval: the key
+    only when the run asks for one (absent: the GPU prefix cache's)."""
+    if "offload_retention" not in spec:
+        return {}
+    return {"retention_interval": spec["offload_retention"]}
+
+
+def checked_offload_retention(sim: "Sim", spec: dict, gpu_retention):
+    """The offload interval the connector's scheduler side uses; raises
+    OffloadRetentionMismatch when the run asked for another one (without
+    "offload_retention", the GPU's, where the tree has an interval at all)."""
+    effective = getattr(sim.cs.config, "retention_interval", NO_OFFLOAD_INTERVAL)
+    asked = "offload_retention" in spec
+    requested = spec["offload_retention"] if asked else gpu_retention
+    if effective != requested and (asked or effective != NO_OFFLOAD_INTERVAL):
+        raise OffloadRetentionMismatch(
+            f"{spec['geometry']} {spec['workload']}: asked for offload interval "
+            f"{requested!r} (GPU {gpu_retention!r}), the connector uses "
+            f"{effective!r}"
+        )
+    return effective
 
 
 QUICK_SIZES = {
@@ -153,6 +190,7 @@ def build_scheduler(
 
             groups = planning.get_global_kv_cache_groups(config, specs)
             return planning.get_kv_cache_configs(config, specs, memory, groups)
+
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -419,34 +457,52 @@ def lcp(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def boundaries(requests, align: int, retention) -> list[set[int]]:
-    """Hit boundaries each prompt's stores must serve, from the workload alone.
+def stored_lengths(requests, decode: bool) -> list[int]:
+    """Tokens each request's stores cover: its prompt, or with decode
+    offloading its prompt and output (the connector stores up to the
+    request's length once it finishes)."""
+    return [len(p) + (len(o) if decode else 0) for p, o in requests]
 
-    Dense (None, and stock): every aligned position up to the prompt end.
+
+def boundaries(requests, align: int, retention, decode: bool = False) -> list[set[int]]:
+    """Hit boundaries each request's stores must serve, from the workload alone.
+
+    Each request stores its prompt (prompt-only offloading) or, with
+    ``decode``, its prompt + output: the stored sequence, m tokens.
+    Dense (None, and stock): every aligned position up to m.
     Sparse, following vLLM's retained checkpoints:
     - replay: the hit a repeat of the prompt gets, floor((P - 1) / A) * A,
       and the prompt end, floor(P / A) * A, where a follow-up turn that
       extends the prompt hits (the series keeps both);
+    - with ``decode``, the stored end, floor(m / A) * A, where a follow-up
+      turn that extends the prompt + output hits (what decode offloading
+      stores for);
     - offload hit: a later prompt's longest common prefix with an earlier
-      prompt (only prompts are stored), kept by the earlier one;
+      stored sequence, kept by the earlier one;
     - shared-prefix junction: a later prompt's longest common prefix with an
       earlier prompt + output (what the GPU prefix cache held when the later
       one arrived), kept by the later one (vLLM's shared_prefix_boundary);
-    - an interval k > 0: every multiple of k up to the prompt end."""
+    - an interval k > 0: every multiple of k up to m (the GPU prefix cache
+      keeps them on the output's blocks too).
+    Without ``decode`` (m = P) this is the prompt-only minimum."""
     prompts = [np.asarray(p) for p, _ in requests]
     seqs = [np.asarray(p + o) for p, o in requests]
+    lengths = stored_lengths(requests, decode)
+    stored = [s[:m] for s, m in zip(seqs, lengths)]
     out = [set() for _ in requests]
-    for i, p in enumerate(prompts):
+    for i, (p, m) in enumerate(zip(prompts, lengths)):
         n = len(p)
         if retention is None:
-            out[i].update(range(align, n + 1, align))
+            out[i].update(range(align, m + 1, align))
             continue
-        out[i].update(((n - 1) // align * align, n // align * align))
+        out[i].update(
+            ((n - 1) // align * align, n // align * align, m // align * align)
+        )
         if retention:
-            out[i].update(range(retention, n + 1, retention))
+            out[i].update(range(retention, m + 1, retention))
         hit, owner, junction = 0, None, 0
         for j in range(i):
-            shared = min(lcp(p, prompts[j]), len(prompts[j]), n - 1) // align * align
+            shared = min(lcp(p, stored[j]), lengths[j], n - 1) // align * align
             if shared > hit:
                 hit, owner = shared, j
             junction = max(junction, min(lcp(p, seqs[j]), n - 1) // align * align)
@@ -456,18 +512,20 @@ def boundaries(requests, align: int, retention) -> list[set[int]]:
     return [{b for b in s if b > 0} for s in out]
 
 
-def minimum_bytes(requests, groups, retention) -> tuple[int, int]:
-    """(theoretical minimum bytes, bytes of storing every complete chunk)."""
+def minimum_bytes(requests, groups, retention, decode: bool = False) -> tuple[int, int]:
+    """(theoretical minimum bytes, bytes of storing every complete chunk) of
+    the stored sequences (prompts; with ``decode``, prompts + outputs)."""
     align = alignment(groups)
     step = math.gcd(*(g["tokens_per_chunk"] for g in groups))
     needed, everything = set(), set()
-    bounds_all = boundaries(requests, align, retention)
-    for (prompt, _), bounds in zip(requests, bounds_all):
-        ids = prefix_ids(prompt, step)
+    bounds_all = boundaries(requests, align, retention, decode)
+    lengths = stored_lengths(requests, decode)
+    for (prompt, output), m, bounds in zip(requests, lengths, bounds_all):
+        ids = prefix_ids((prompt + output)[:m], step)
         for gi, g in enumerate(groups):
             per = g["tokens_per_chunk"] // step
             chunk_id = lambda c: (gi, ids[(c + 1) * per - 1])  # noqa: E731
-            n_chunks = len(prompt) // g["tokens_per_chunk"]
+            n_chunks = m // g["tokens_per_chunk"]
             everything.update(chunk_id(c) for c in range(n_chunks))
             for b in bounds:
                 end = b // g["tokens_per_chunk"]
@@ -515,6 +573,7 @@ def run(spec: dict, quick: bool) -> dict:
         "spec_name": "RecordingSpec",
         "spec_module_path": "bench.recording",
         **variant.get("connector", {}),
+        **offload_extra_config(spec),
     }
     try:
         # Like for like: every tree's GPU prefix cache runs at the setting's
@@ -530,6 +589,7 @@ def run(spec: dict, quick: bool) -> dict:
     except (ValueError, AssertionError) as e:
         log(f"{geometry} {name} retention={retention}: rejected: {e}")
         return {**spec, "error": f"{type(e).__name__}: {e}"}
+    offload_retention = checked_offload_retention(sim, spec, retention)
     # As a vLLM engine does after start-up (EngineCore: freeze_gc_heap), keep
     # the start-up heap, and what earlier cells of this process left, out of
     # the collector's passes: a full collection over them inside a hook would
@@ -562,11 +622,16 @@ def run(spec: dict, quick: bool) -> dict:
                 for p, b, is_replay in probes(rounds, align, MAX_PROBES[quick])
             ]
     gc.unfreeze()
+    # The minimum at the interval the offload stores keep hits for.
     minimum, everything = minimum_bytes(
-        [r for round_ in rounds for r in round_], sim.groups, retention
+        [r for round_ in rounds for r in round_],
+        sim.groups,
+        offload_retention if "offload_retention" in spec else retention,
+        decode=connector.get("offload_prompt_only") is False,
     )
     result = {
         **spec,
+        "offload_retention_effective": offload_retention,
         "vllm_file": sim.vllm.__file__,
         "store_bytes": store,
         "min_store_bytes": minimum,

@@ -156,6 +156,25 @@ def read_log(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def run_until_exit(
+    cmd: list[str], env: dict, log_path: Path
+) -> tuple[int | None, list[psutil.Process], str]:
+    """Start a server that must stop on its own (a bad setting): its exit
+    status (None if it still ran after STARTUP_TIMEOUT), the processes of its
+    group still running EXIT_TIMEOUT after it exited (its engine core and
+    workers must follow it unsignalled), and its log. The group is stopped
+    whatever happens."""
+    proc = start_server(cmd, env, log_path)
+    try:
+        rc = proc.wait(timeout=STARTUP_TIMEOUT)
+        left = wait_group_empty(proc.pid, EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        rc, left = None, []
+    finally:
+        stop_group(proc)
+    return rc, left, read_log(log_path)
+
+
 def group_kernel_libraries(pgid: int) -> list[str]:
     libs = set()
     for p in group_processes(pgid):

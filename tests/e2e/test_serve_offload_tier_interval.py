@@ -12,8 +12,6 @@ tokens come from the offload tier. B again then hits the GPU cache at its
 replay boundary, S: the same shape (S tokens reused, the rest computed), so
 the two completions agree to rounding on any CPU."""
 
-import subprocess
-
 import pytest
 import requests
 
@@ -27,15 +25,14 @@ from e2e.engine_utils import (
 )
 from e2e.serve_utils import (
     EXIT_TIMEOUT,
-    STARTUP_TIMEOUT,
     free_port,
     read_log,
+    run_until_exit,
     samples,
     serve_command,
     serve_env,
     start_server,
     stop_group,
-    wait_group_empty,
     wait_healthy,
 )
 from e2e.tiny_models import BLOCK_SIZE
@@ -139,28 +136,17 @@ def test_offload_hit_where_the_gpu_cache_has_none(served):
 def test_bad_offload_interval_stops_serve_with_one_line(gemma_hybrid, tmp_path):
     """An offload interval that is not a multiple of the 32-token chunk: the
     server exits non-zero naming the key and the value."""
-    log_path = tmp_path / "serve-bad.log"
-    port = free_port()
-    proc = start_server(
+    rc, left, out = run_until_exit(
         serve_command(
             gemma_hybrid.path,
-            port,
+            free_port(),
             kv_transfer=kv_transfer_config(retention_interval=48),
         ),
         serve_env(),
-        log_path,
+        tmp_path / "serve-bad.log",
     )
-    try:
-        rc = proc.wait(timeout=STARTUP_TIMEOUT)
-        left = wait_group_empty(proc.pid, EXIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        rc, left = None, []
-    finally:
-        stop_group(proc)
-    out = read_log(log_path)
     assert rc not in (None, 0), f"rc={rc}:\n{out[-4000:]}"
     assert (
-        'kv_connector_extra_config["retention_interval"] (48) must be a multiple'
-        in out
+        'kv_connector_extra_config["retention_interval"] (48) must be a multiple' in out
     ), out[-4000:]
     assert not left, f"left running after the server exited: {left}"

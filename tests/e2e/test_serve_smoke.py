@@ -12,8 +12,6 @@ both reuse the same tokens and compute the same rest, so they agree to
 rounding on any CPU. The fully computed first completion is not compared
 (another prefill shape, other rounding)."""
 
-import subprocess
-
 import pytest
 import requests
 
@@ -27,16 +25,15 @@ from e2e.engine_utils import (
 )
 from e2e.serve_utils import (
     EXIT_TIMEOUT,
-    STARTUP_TIMEOUT,
     free_port,
     group_kernel_libraries,
     read_log,
+    run_until_exit,
     samples,
     serve_command,
     serve_env,
     start_server,
     stop_group,
-    wait_group_empty,
     wait_healthy,
 )
 from e2e.tiny_models import BLOCK_SIZE
@@ -50,25 +47,14 @@ def test_bad_interval_stops_serve_cleanly(gemma_hybrid, tmp_path):
     """--prefix-cache-retention-interval 48 (not a multiple of the 32-token
     chunk): the server exits non-zero with the series' message and leaves no
     process behind (API server, engine core, workers)."""
-    log_path = tmp_path / "serve-bad.log"
     port = free_port()
-    proc = start_server(
+    rc, left, out = run_until_exit(
         serve_command(
             gemma_hybrid.path, port, "--prefix-cache-retention-interval", "48"
         ),
         serve_env(),
-        log_path,
+        tmp_path / "serve-bad.log",
     )
-    try:
-        rc = proc.wait(timeout=STARTUP_TIMEOUT)
-        # The server has exited on its own: its engine core and workers must
-        # follow, without being signalled.
-        left = wait_group_empty(proc.pid, EXIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        rc, left = None, []
-    finally:
-        stop_group(proc)
-    out = read_log(log_path)
     assert rc not in (None, 0), f"rc={rc}:\n{out[-4000:]}"
     assert "--prefix-cache-retention-interval (48) must be a multiple" in out, out[
         -4000:
