@@ -215,3 +215,28 @@ def samples(metrics_text: str) -> tuple[dict[str, float], dict[str, list[dict]]]
             values[s.name] += s.value
             labels[s.name].append(s.labels)
     return dict(values), dict(labels)
+
+
+def complete(base: str, tokens: list[int]) -> dict:
+    """A greedy 12-token completion of ``tokens`` with the chosen tokens'
+    logprobs and token ids."""
+    resp = requests.post(
+        f"{base}/v1/completions",
+        json={
+            "model": "tiny",
+            "prompt": tokens,
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "logprobs": 0,  # the chosen tokens' logprobs
+        },
+        timeout=120,
+    )
+    resp.raise_for_status()
+    return resp.json()
+
+
+def cached_tokens(completion: dict) -> int:
+    details = completion["usage"].get("prompt_tokens_details") or {}
+    return details.get("cached_tokens") or 0

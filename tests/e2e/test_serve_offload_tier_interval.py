@@ -24,6 +24,8 @@ from e2e.engine_utils import (
     prompt,
 )
 from e2e.serve_utils import (
+    cached_tokens,
+    complete,
     EXIT_TIMEOUT,
     free_port,
     read_log,
@@ -41,29 +43,6 @@ PROMPT = prompt(1100, seed=5)
 SHARED = 20 * BLOCK_SIZE  # a chunk edge the GPU cache at 0 keeps no tail at
 SHARING = PROMPT[: SHARED + 1]  # its replay boundary is SHARED
 INFO = "vllm:kv_offload_retention_interval_info"
-
-
-def complete(base: str, tokens: list[int]) -> dict:
-    resp = requests.post(
-        f"{base}/v1/completions",
-        json={
-            "model": "tiny",
-            "prompt": tokens,
-            "max_tokens": 12,
-            "temperature": 0,
-            "ignore_eos": True,
-            "return_token_ids": True,
-            "logprobs": 0,
-        },
-        timeout=120,
-    )
-    resp.raise_for_status()
-    return resp.json()
-
-
-def cached_tokens(completion: dict) -> int:
-    details = completion["usage"].get("prompt_tokens_details") or {}
-    return details.get("cached_tokens") or 0
 
 
 @pytest.fixture(scope="module")

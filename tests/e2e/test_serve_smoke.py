@@ -24,6 +24,8 @@ from e2e.engine_utils import (
     prompt,
 )
 from e2e.serve_utils import (
+    cached_tokens,
+    complete,
     EXIT_TIMEOUT,
     free_port,
     group_kernel_libraries,
@@ -81,27 +83,10 @@ def served(gemma_hybrid, tmp_path_factory):
     try:
         wait_healthy(proc, base, log_path)
 
-        def complete():
-            resp = requests.post(
-                f"{base}/v1/completions",
-                json={
-                    "model": "tiny",
-                    "prompt": PROMPT,
-                    "max_tokens": 12,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                    "return_token_ids": True,
-                    "logprobs": 0,  # the chosen tokens' logprobs
-                },
-                timeout=120,
-            )
-            resp.raise_for_status()
-            return resp.json()
-
-        first = complete()
-        gpu_hit = complete()
+        first = complete(base, PROMPT)
+        gpu_hit = complete(base, PROMPT)
         reset = requests.post(f"{base}/reset_prefix_cache", timeout=30)
-        offload_hit = complete()
+        offload_hit = complete(base, PROMPT)
         metrics_text = requests.get(f"{base}/metrics", timeout=30).text
         yield {
             "first": first,
@@ -121,11 +106,6 @@ def engine_interval(labels) -> int | None:
     (info,) = labels["vllm:cache_config_info"]
     value = info["prefix_cache_retention_interval"]
     return None if value == "None" else int(value)
-
-
-def cached_tokens(completion: dict) -> int:
-    details = completion["usage"].get("prompt_tokens_details") or {}
-    return details.get("cached_tokens") or 0
 
 
 def token_logprobs(completion: dict) -> list[float]:
