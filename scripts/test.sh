@@ -11,9 +11,9 @@
 # upstream-pr/apply-0.33.0.txt and its rebase (upstream-pr/0.33.0/) built
 # Python-only, checked and tested on 0.33.0 (tests/upstream_suites-pr.txt);
 # on both, the store-then-lookup judges of tests/regression (arbiter and
-# property search) from that tree (0.33.0's in the first lane, at its end,
-# to even out the lanes); the pin moved to 0.33.0, made and checked (applies
-# in order, trailers, ruff). After the soak, in the first lane, the wheels
+# property search) from that tree (in the first lane, at its end, to even out
+# the lanes); the pin moved to 0.33.0, made and checked (applies in order,
+# trailers, ruff). After the soak, in the first lane, the wheels
 # (scripts/build_wheels.sh) and their release tests (the CPU wheel in a fresh
 # venv serving, the CUDA wheel's contents, the warm rebuild). Ends with one
 # line "N passed, N failed".
@@ -116,11 +116,11 @@ run_upstream() {
 
 # vLLM's pre-commit checks (ruff, mypy, typos) on every patch of the series.
 series_check() {
-    local name=$1 base=$2
+    local name=$1 base=$2 precommit=${3:---precommit}
     log "== series check $name (vLLM $base)"
     reports+=("$results/series-$name.xml")
     FORK_BASE=$base "$PY" "$ROOT/scripts/junit_step.py" "$results/series-$name.xml" "series check $name" \
-        bash "$ROOT/scripts/check_series.sh" --precommit
+        bash "$ROOT/scripts/check_series.sh" "$precommit"
 }
 
 # The series we send upstream (upstream-pr/): on the newest release (0.33.0)
@@ -142,15 +142,17 @@ build_and_test_base() {
 }
 # move_and_test_base BASE: move the pin to BASE (scripts/move_pin.sh: the
 # fork's series there, from the pin's blocks, applied and built), vLLM's
-# pre-commit checks on every patch of it, the pin's upstream suites that BASE
-# has. Its (c) block is upstream-pr/: the PR is checked and tested here too.
+# pre-commit checks on the series after its last patch (each patch: applies,
+# ruff; mypy per patch is the pin's and upstream-pr/'s), the pin's upstream
+# suites that BASE has. Its (c) block is upstream-pr/: the PR is checked and
+# tested here too.
 move_and_test_base() {
     local base=$1 moved=$ROOT/build/pin-$1/patches
     log "== move the pin to vLLM $base"
     reports+=("$results/build-$base.xml")
     "$PY" "$ROOT/scripts/junit_step.py" "$results/build-$base.xml" \
         "move the pin to vLLM $base (scripts/move_pin.sh)" "$ROOT/scripts/move_pin.sh" "$base"
-    FORK_PATCHES=$moved series_check "pin-$base" "$base"
+    FORK_PATCHES=$moved series_check "pin-$base" "$base" --precommit-at-end
     grep -q '<failure' "$results/build-$base.xml" ||
         FORK_PATCHES=$moved run_upstream "pin-$base" "$base" "$ROOT/tests/upstream_suites.txt"
 }
@@ -170,7 +172,6 @@ run_judges() {
 # Runs in the background: its reports are listed after the wait, by name.
 other_bases() {
     move_and_test_base 0.32.0
-    grep -q '<failure' "$results/build-0.32.0.xml" || run_judges 0.32.0
     FORK_BASE=0.33.0 "$PY" "$ROOT/scripts/junit_step.py" "$results/apply-0.33.0.xml" \
         "upstream-pr/ on vLLM 0.33.0" "$ROOT/scripts/check_apply.sh"
     build_and_test_base 0.33.0 "upstream-pr/0.33.0/ (Python-only)"
@@ -181,19 +182,20 @@ other_bases() {
         '"$1/scripts/move_pin.sh" 0.33.0 --no-build &&
             FORK_BASE=0.33.0 FORK_PATCHES="$1/build/pin-0.33.0/patches" "$1/scripts/check_series.sh"' _ "$ROOT"
 }
-# 0.33.0's judges run in the pin's lane once it is done with its own suites
-# (the other lane is the longer one), as soon as 0.33.0 is built there.
-judges_0_33_0() {
-    log "== waiting for vLLM 0.33.0 to be built (other bases)"
-    while [ ! -e "$results/build-0.33.0.xml" ] && kill -0 "$other_pid" 2>/dev/null; do
+# The other bases' judges run in the pin's lane once it is done with its own
+# suites (the other lane is the longer one), as soon as the base is built there.
+judges_of_other_base() {
+    local base=$1
+    log "== waiting for vLLM $base to be built (other bases)"
+    while [ ! -e "$results/build-$base.xml" ] && kill -0 "$other_pid" 2>/dev/null; do
         sleep 5
     done
     # Not built (or the lane stopped first): the judges' report is missing,
     # which the summary counts as a failure, as the build's own.
-    if [ -e "$results/build-0.33.0.xml" ] && ! grep -q '<failure' "$results/build-0.33.0.xml"; then
-        run_judges 0.33.0
+    if [ -e "$results/build-$base.xml" ] && ! grep -q '<failure' "$results/build-$base.xml"; then
+        run_judges "$base"
     else
-        reports+=("$results/judges-0.33.0.xml")
+        reports+=("$results/judges-$base.xml")
     fi
 }
 # The other bases have their own trees and venvs and mostly keep one core
@@ -237,7 +239,8 @@ log "wheels: built or checked in $(($(date +%s) - t0)) s"
 # --fast: the wheels' contents and the warm rebuild, not the server.
 run_suite release "$ROOT" tests/release "${markers[@]}"
 
-judges_0_33_0
+judges_of_other_base 0.32.0
+judges_of_other_base 0.33.0
 
 log "== waiting for the other bases"
 wait "$other_pid" || true
@@ -245,7 +248,7 @@ other_pid=
 sed 's/^/[other bases] /' "$other_log"
 # Its reports, by name: one that is missing counts as a failure.
 reports+=("$results/build-0.32.0.xml" "$results/series-pin-0.32.0.xml"
-    "$results/pin-0.32.0.xml" "$results/judges-0.32.0.xml")
+    "$results/pin-0.32.0.xml")
 reports+=("$results/apply-0.33.0.xml" "$results/build-0.33.0.xml"
     "$results/series-upstream-pr-0.33.0.xml" "$results/upstream-pr-0.33.0.xml"
     "$results/move-0.33.0.xml")
