@@ -5,6 +5,7 @@ the OffloadingConnector's own (``retention_interval`` in its extra config),
 
     python -m bench.frontier [--quick] [--out DIR] [--stock-tree DIR]
         [--fork-tree DIR] [--scaled-down] [--geometries ...]
+        [--capacity-geometries ...] [--capacity-from FRONTIER_JSON]
 
 Cells: every geometry x {gsm8k, agentic} at the default variant, and the
 decode-offloading cells of bench/run.py EXTRA_CELLS. One repetition, no cost
@@ -31,8 +32,10 @@ fork capacity, stock capacity), writes frontier.md, frontier.json and
 frontier_<geometry>.png under --out (bench/results). --quick: a few
 scaled-down cells on the fork only (no stock, no capacity), for CI; writes
 under --out only when given. --scaled-down: every cell scaled down, the
-whole pipeline (a smoke test). Exits 1 on a violated invariant. Progress
-goes to stderr."""
+whole pipeline (a smoke test). --capacity-from: the capacity of
+--capacity-geometries added to a finished run's frontier.json (bytes and
+hits not rerun), rendered under --out (default: beside it). Exits 1 on a
+violated invariant. Progress goes to stderr."""
 
 import argparse
 import json
@@ -110,6 +113,13 @@ def key(r: dict) -> tuple:
     return (r["geometry"], r["workload"], r["variant"], r["tree"], r["retention"], off)
 
 
+def record_key(rec: dict) -> tuple:
+    """A frontier.json record's run key (stock: offload = GPU interval)."""
+    off = rec["offload"] if rec["setting"] == "fork" else rec["gpu"]
+    return (rec["geometry"], rec["workload"], rec["variant"], rec["setting"],
+            rec["gpu"], off)  # fmt: skip
+
+
 def footprint(run: dict) -> int:
     """CPU blocks a setting's stores take: one per offload key."""
     return sum(run["stored_chunks"].values())
@@ -127,10 +137,31 @@ def finer(run: dict) -> bool:
     )
 
 
-def capacity_jobs(cells, results: dict, budgets: dict, tree: str) -> list[dict]:
+def unlimited(results: dict) -> dict[tuple, dict]:
+    """Per run key, the footprint and replay hits of its driver run."""
+    return {
+        k: {"blocks": footprint(r), "hits": r["hit_tokens"]}
+        for k, r in results.items()
+        if "error" not in r
+    }
+
+
+def fixed_budgets(cells, full: dict, geometries) -> dict:
+    """{(geometry, workload): budgets in CPU blocks}: SHARES of stock's dense
+    footprint (its most blocks over the GPU intervals), default cells."""
+    budgets = {}
+    for g, w, v, _ in cells:
+        if v != "default" or g not in geometries:
+            continue
+        dense = max(full[(g, w, v, "stock", r, r)]["blocks"] for r in SETTINGS)
+        budgets[(g, w)] = [max(1, round(s * dense)) for s in SHARES]
+    return budgets
+
+
+def capacity_jobs(cells, full: dict, budgets: dict, tree: str) -> list[dict]:
     """Fixed-budget jobs of the default cells for one tree: stock at each
     GPU interval, the fork at each pair. ``unlimited``: the setting's
-    footprint and replay hits from its driver run."""
+    footprint and replay hits (``full``, from its driver run)."""
     settings = (
         [(r, r, "stock") for r in SETTINGS]
         if tree == "stock"
@@ -141,12 +172,11 @@ def capacity_jobs(cells, results: dict, budgets: dict, tree: str) -> list[dict]:
         if (g, w) not in budgets or v != "default":
             continue
         for gpu, off, t in settings:
-            run = results[(g, w, v, t, gpu, off)]
             job = {"geometry": g, "workload": w, "variant": v, "small": small,
                    "tree": t, "stock": t == "stock", "retention": gpu,
                    "gpu_retention": gpu, "budgets": budgets[(g, w)],
                    "policies": list(POLICIES),
-                   "unlimited": {"blocks": footprint(run), "hits": run["hit_tokens"]}}  # fmt: skip
+                   "unlimited": full[(g, w, v, t, gpu, off)]}  # fmt: skip
             if t == "fork":
                 job["offload_retention"] = off
             jobs.append(job)
@@ -230,21 +260,46 @@ def measure(args) -> dict:
         timings[what] = round(time.time() - t)
     budgets, capacity = {}, {}
     if not args.quick:
-        for g, w, v, _ in cells:
-            if v != "default" or g not in args.capacity_geometries:
-                continue
-            dense = max(footprint(results[(g, w, v, "stock", r, r)]) for r in SETTINGS)
-            budgets[(g, w)] = [max(1, round(s * dense)) for s in SHARES]
-        for tree, kind in ((args.fork_tree, "fork"), (args.stock_tree, "stock")):
-            t = time.time()
-            what = f"{kind} capacity"
-            jobs = capacity_jobs(cells, results, budgets, kind)
-            for r in run_trees(tree, jobs, what):
-                capacity[key(r)] = r
-            timings[what] = round(time.time() - t)
+        full = unlimited(results)
+        budgets = fixed_budgets(cells, full, args.capacity_geometries)
+        capacity = measure_capacity(args, cells, full, budgets, timings)
     return {"cells": cells, "results": results, "budgets": budgets,
             "capacity": capacity, "seconds": round(time.time() - t0),
             "timings": timings}  # fmt: skip
+
+
+def measure_capacity(args, cells, full: dict, budgets: dict, timings: dict) -> dict:
+    """The fixed-budget runs, fork then stock; their time into ``timings``."""
+    capacity = {}
+    for tree, kind in ((args.fork_tree, "fork"), (args.stock_tree, "stock")):
+        t = time.time()
+        what = f"{kind} capacity"
+        for r in run_trees(tree, capacity_jobs(cells, full, budgets, kind), what):
+            capacity[key(r)] = r
+        timings[what] = timings.get(what, 0) + round(time.time() - t)
+    return capacity
+
+
+def add_capacity(args) -> dict:
+    """--capacity-from: the fixed-budget runs of --capacity-geometries added
+    to a finished run's frontier.json; the bytes and hits are that run's
+    records (each carries its footprint and replay hits), not rerun."""
+    doc = json.loads(args.capacity_from.read_text())
+    cells = [tuple(c) for c in doc["cells"]]
+    full = {
+        record_key(r): {"blocks": r["footprint_blocks"], "hits": r["hit_tokens"]}
+        for r in doc["records"]
+    }
+    budgets = fixed_budgets(cells, full, args.capacity_geometries)
+    t0 = time.time()
+    capacity = measure_capacity(args, cells, full, budgets, doc["timings"])
+    for r in doc["records"]:
+        r["capacity"] = hits_at(capacity, record_key(r)) or r.get("capacity")
+    doc["budgets"].update({f"{g} {w}": b for (g, w), b in budgets.items()})
+    doc["block_bytes"].update({k[0]: x["block_bytes"] for k, x in capacity.items()})
+    doc["seconds"] += round(time.time() - t0)
+    doc["command"] += f"; then {args.command}"
+    return doc
 
 
 # --- Analyse --------------------------------------------------------------------
@@ -700,6 +755,10 @@ def main(argv=None) -> int:
                    choices=list(BUILDERS))  # fmt: skip
     p.add_argument("--capacity-geometries", nargs="+", default=list(BUILDERS),
                    choices=list(BUILDERS))  # fmt: skip
+    p.add_argument("--capacity-from", type=Path, default=None,
+                   metavar="FRONTIER_JSON",
+                   help="add the fixed-budget runs of --capacity-geometries to "
+                        "a finished run's records (bytes and hits not rerun)")  # fmt: skip
     p.add_argument("--guidance", type=Path, default=None,
                    help="markdown appended to frontier.md (operator guidance); "
                         "kept in frontier.json for --render")  # fmt: skip
@@ -719,6 +778,13 @@ def main(argv=None) -> int:
         args.stock_tree.resolve(),
         args.fork_tree.resolve(),
     )
+    if args.capacity_from:
+        doc = add_capacity(args)
+        doc["violations"] = doc.get("errors", []) + check(doc["records"])
+        out = args.out or args.capacity_from.parent
+        write(doc, out, guidance or doc.get("guidance", []))
+        log(f"wrote {out}/frontier.md, frontier.json, frontier_*.png")
+        return 1 if doc["violations"] else 0
     m = measure(args)
     records, errors = analyse(m)
     violations = errors + check(records)

@@ -121,3 +121,61 @@ def test_an_offload_interval_the_connector_ignores_fails_the_run():
     # Honoured, the same run goes through at the interval it asked for.
     result = driver.run(run, quick=True)
     assert result["offload_retention_effective"] == 0
+
+
+def test_capacity_from_adds_fixed_budgets_to_a_finished_run(tmp_path):
+    """--capacity-from: budgets from the run's stock footprints, jobs from
+    each record's footprint and replay hits, results merged into the
+    records of the geometries it ran, the others' capacity kept."""
+    from bench import frontier
+
+    def rec(g, setting, gpu, off, blocks, hits, capacity=None):
+        return {"geometry": g, "workload": "gsm8k", "variant": "default",
+                "small": False, "setting": setting, "gpu": gpu, "offload": off,
+                "footprint_blocks": blocks, "hit_tokens": hits,
+                "capacity": capacity}  # fmt: skip
+
+    kept = {"lru": [1, 2], "arc": [3, 4]}
+    records = [rec("a", "stock", r, None, 1000 + (r or 0), 50) for r in SETTINGS]
+    records += [rec("a", "fork", g, o, 10, 50) for g, o in frontier.PAIRS]
+    records += [rec("b", "stock", r, None, 9, 5, kept) for r in SETTINGS]
+    cells = [["a", "gsm8k", "default", False], ["b", "gsm8k", "default", False]]
+    doc = {"command": "python -m bench.frontier", "seconds": 10,
+           "timings": {"fork capacity": 7}, "cells": cells,
+           "budgets": {"b gsm8k": [1, 4]}, "block_bytes": {"b": 2},
+           "records": records}  # fmt: skip
+    path = tmp_path / "frontier.json"
+    path.write_text(json.dumps(doc))
+
+    jobs = []
+
+    def fake_run_trees(tree, batch, what):
+        jobs.extend(batch)
+        return [
+            {**j, "block_bytes": 8,
+             "points": {p: [{"hits": j["unlimited"]["hits"] - i} for i, _ in
+                            enumerate(j["budgets"])] for p in j["policies"]}}
+            for j in batch
+        ]  # fmt: skip
+
+    args = frontier.argparse.Namespace(
+        capacity_from=path, capacity_geometries=["a"], command="cmd",
+        fork_tree=tmp_path, stock_tree=tmp_path,
+    )  # fmt: skip
+    with mock.patch.object(frontier, "run_trees", fake_run_trees):
+        out = frontier.add_capacity(args)
+    # 9 fork pairs and 3 stock settings of geometry a; b is not rerun.
+    assert len(jobs) == 12 and {j["geometry"] for j in jobs} == {"a"}
+    # SHARES of stock's densest footprint (GPU 512: 1,512 blocks).
+    assert all(j["budgets"] == [151, 756] for j in jobs)
+    fork = [j for j in jobs if j["tree"] == "fork"]
+    assert {(j["gpu_retention"], j["offload_retention"]) for j in fork} == set(
+        frontier.PAIRS
+    )
+    assert all(j["unlimited"] == {"blocks": 10, "hits": 50} for j in fork)
+    assert out["budgets"] == {"b gsm8k": [1, 4], "a gsm8k": [151, 756]}
+    assert out["block_bytes"] == {"b": 2, "a": 8}
+    for r in out["records"]:
+        want = kept if r["geometry"] == "b" else {"lru": [50, 49], "arc": [50, 49]}
+        assert r["capacity"] == want, r
+    assert out["command"] == "python -m bench.frontier; then cmd"
