@@ -609,6 +609,9 @@ def run(spec: dict, quick: bool) -> dict:
                 sim.add(prompt, output)
             sim.drain()
         store = sim.store_bytes()
+        # Pass 1's keys, per group: the replays and probes below undo their
+        # stores in ``stored`` but not in these counts.
+        stored_chunks = dict(sorted(sim.manager.stored_per_group.items()))
         hook_ns, steps, tokens = sim.hook_ns, sim.steps, sim.scheduled_tokens
         step_ns = sim.step_ns[:steps]
         prompts = [p for r in rounds for p, _ in r]
@@ -636,7 +639,7 @@ def run(spec: dict, quick: bool) -> dict:
         "store_bytes": store,
         "min_store_bytes": minimum,
         "store_all_bytes": everything,
-        "stored_chunks": dict(sorted(sim.manager.stored_per_group.items())),
+        "stored_chunks": stored_chunks,
         "replay_hits": replay,
         "hit_tokens": sum(replay),
         "probe_hits": probe_hits,

@@ -124,21 +124,22 @@ def test_an_offload_interval_the_connector_ignores_fails_the_run():
 
 
 def test_capacity_from_adds_fixed_budgets_to_a_finished_run(tmp_path):
-    """--capacity-from: budgets from the run's stock footprints, jobs from
-    each record's footprint and replay hits, results merged into the
-    records of the geometries it ran, the others' capacity kept."""
+    """--capacity-from: footprints measured again (a record's may count its
+    probes' keys), budgets from stock's, jobs from each setting's footprint
+    and the record's replay hits, results merged into the records of the
+    geometries it ran, the others' capacity kept."""
     from bench import frontier
 
-    def rec(g, setting, gpu, off, blocks, hits, capacity=None):
+    def rec(g, setting, gpu, off, capacity=None):
         return {"geometry": g, "workload": "gsm8k", "variant": "default",
                 "small": False, "setting": setting, "gpu": gpu, "offload": off,
-                "footprint_blocks": blocks, "hit_tokens": hits,
+                "footprint_blocks": 10**6, "hit_tokens": 50,
                 "capacity": capacity}  # fmt: skip
 
     kept = {"lru": [1, 2], "arc": [3, 4]}
-    records = [rec("a", "stock", r, None, 1000 + (r or 0), 50) for r in SETTINGS]
-    records += [rec("a", "fork", g, o, 10, 50) for g, o in frontier.PAIRS]
-    records += [rec("b", "stock", r, None, 9, 5, kept) for r in SETTINGS]
+    records = [rec("a", "stock", r, None) for r in SETTINGS]
+    records += [rec("a", "fork", g, o) for g, o in frontier.PAIRS]
+    records += [rec("b", "stock", r, None, kept) for r in SETTINGS]
     cells = [["a", "gsm8k", "default", False], ["b", "gsm8k", "default", False]]
     doc = {"command": "python -m bench.frontier", "seconds": 10,
            "timings": {"fork capacity": 7}, "cells": cells,
@@ -147,9 +148,14 @@ def test_capacity_from_adds_fixed_budgets_to_a_finished_run(tmp_path):
     path = tmp_path / "frontier.json"
     path.write_text(json.dumps(doc))
 
-    jobs = []
+    runs, jobs = [], []
 
     def fake_run_trees(tree, batch, what):
+        if what == "footprints":
+            runs.extend(batch)
+            # Pass 1's keys: stock 1,000 (1,512 at GPU 512), the fork 10.
+            return [{**r, "stored_chunks": {0: 10} if r["tree"] == "fork" else
+                     {0: 1000 + (r["retention"] or 0), 1: 0}} for r in batch]  # fmt: skip
         jobs.extend(batch)
         return [
             {**j, "block_bytes": 8,
@@ -160,11 +166,13 @@ def test_capacity_from_adds_fixed_budgets_to_a_finished_run(tmp_path):
 
     args = frontier.argparse.Namespace(
         capacity_from=path, capacity_geometries=["a"], command="cmd",
-        fork_tree=tmp_path, stock_tree=tmp_path,
+        fork_tree=tmp_path / "fork", stock_tree=tmp_path / "stock",
     )  # fmt: skip
     with mock.patch.object(frontier, "run_trees", fake_run_trees):
         out = frontier.add_capacity(args)
-    # 9 fork pairs and 3 stock settings of geometry a; b is not rerun.
+    # 9 fork pairs and 3 stock settings of geometry a, no probes; b not rerun.
+    assert len(runs) == 12 and not any(r["probe"] for r in runs)
+    assert {r["geometry"] for r in runs} == {"a"}
     assert len(jobs) == 12 and {j["geometry"] for j in jobs} == {"a"}
     # SHARES of stock's densest footprint (GPU 512: 1,512 blocks).
     assert all(j["budgets"] == [151, 756] for j in jobs)
@@ -176,6 +184,25 @@ def test_capacity_from_adds_fixed_budgets_to_a_finished_run(tmp_path):
     assert out["budgets"] == {"b gsm8k": [1, 4], "a gsm8k": [151, 756]}
     assert out["block_bytes"] == {"b": 2, "a": 8}
     for r in out["records"]:
-        want = kept if r["geometry"] == "b" else {"lru": [50, 49], "arc": [50, 49]}
+        a = r["geometry"] == "a"
+        want = {"lru": [50, 49], "arc": [50, 49]} if a else kept
         assert r["capacity"] == want, r
+        fork_blocks = 10 if r["setting"] == "fork" else 1000 + (r["gpu"] or 0)
+        assert r["footprint_blocks"] == (fork_blocks if a else 10**6), r
     assert out["command"] == "python -m bench.frontier; then cmd"
+
+
+def test_the_footprint_counts_the_stores_of_the_workload_only():
+    """A driver run's stored_chunks are pass 1's keys, the same stores its
+    store_bytes count: the replays and probes that follow store keys of
+    their own (undone) that must not enter the capacity footprint."""
+    from bench import driver
+
+    run = {"geometry": "gpt-oss-20b", "workload": "agentic",
+           "variant": "default", "small": True, "retention": 0,
+           "offload_retention": None, "tree": "fork"}  # fmt: skip
+    result = driver.run(run, quick=True)
+    assert result["probe_hits"], "the run must probe"
+    per_chunk = [g["bytes_per_chunk"] for g in result["groups"]]
+    stored = result["stored_chunks"]
+    assert sum(n * per_chunk[g] for g, n in stored.items()) == result["store_bytes"]
