@@ -27,8 +27,8 @@ sweep, no bisection. A budget that holds every block a setting stores
 never evicts: its hits are the unlimited ones, the replay hits of the
 setting's driver run (copied, as capacity_driver.point does).
 
-Full mode: four processes one after the other (stock bytes, fork bytes,
-fork capacity, stock capacity), writes frontier.md, frontier.json and
+Full mode: stock bytes, then fork bytes (one process at a time), then the
+capacity runs (two at a time), writes frontier.md, frontier.json and
 frontier_<geometry>.png under --out (bench/results). --quick: a few
 scaled-down cells on the fork only (no stock, no capacity), for CI; writes
 under --out only when given. --scaled-down: every cell scaled down, the
@@ -269,18 +269,6 @@ def measure(args) -> dict:
             "timings": timings}  # fmt: skip
 
 
-def measure_capacity(args, cells, full: dict, budgets: dict, timings: dict) -> dict:
-    """The fixed-budget runs, fork then stock; their time into ``timings``."""
-    capacity = {}
-    for tree, kind in ((args.fork_tree, "fork"), (args.stock_tree, "stock")):
-        t = time.time()
-        what = f"{kind} capacity"
-        for r in run_trees(tree, capacity_jobs(cells, full, budgets, kind), what):
-            capacity[key(r)] = r
-        timings[what] = timings.get(what, 0) + round(time.time() - t)
-    return capacity
-
-
 def run_two_at_a_time(parts: list[tuple[Path, list[dict]]], what: str) -> list[dict]:
     """(tree, jobs) parts, two driver processes at a time: their results are
     deterministic, only the wall time is shared."""
@@ -299,6 +287,19 @@ def tree_parts(args, jobs: list[dict]) -> list[tuple[Path, list[dict]]]:
         )
         for g in SETTINGS
     ]
+
+
+def measure_capacity(args, cells, full: dict, budgets: dict, timings: dict) -> dict:
+    """The fixed-budget runs of both trees, two processes at a time (hit
+    counts are deterministic); their wall time into ``timings``."""
+    t = time.time()
+    jobs = capacity_jobs(cells, full, budgets, "stock")
+    jobs += capacity_jobs(cells, full, budgets, "fork")
+    capacity = {
+        key(r): r for r in run_two_at_a_time(tree_parts(args, jobs), "capacity")
+    }
+    timings["capacity, 2 processes at a time"] = round(time.time() - t)
+    return capacity
 
 
 def add_capacity(args) -> dict:
@@ -323,17 +324,11 @@ def add_capacity(args) -> dict:
         if "error" in r:
             raise SystemExit(f"footprint run {key(r)}: {r['error']}")
         blocks[key(r)] = footprint(r)
-    doc["timings"]["footprints"] = round(time.time() - t0)
+    doc["timings"]["footprints, 2 processes at a time"] = round(time.time() - t0)
     hits = {record_key(r): r["hit_tokens"] for r in doc["records"]}
     full = {k: {"blocks": b, "hits": hits[k]} for k, b in blocks.items()}
     budgets = fixed_budgets(mine, full, args.capacity_geometries)
-    t = time.time()
-    jobs = capacity_jobs(mine, full, budgets, "stock")
-    jobs += capacity_jobs(mine, full, budgets, "fork")
-    capacity = {
-        key(r): r for r in run_two_at_a_time(tree_parts(args, jobs), "capacity")
-    }
-    doc["timings"]["capacity, 2 processes at a time"] = round(time.time() - t)
+    capacity = measure_capacity(args, mine, full, budgets, doc["timings"])
     for r in doc["records"]:
         k = record_key(r)
         r["footprint_blocks"] = blocks.get(k, r["footprint_blocks"])
